@@ -1,0 +1,256 @@
+"""Types and shared syntax helpers of the `attn` dialect.
+
+`!attn.scores<BxHxSqxSkvxf32>` is the type of attention logits (before softmax),
+`!attn.probs<BxHxSqxSkvxf32>` the type of attention probabilities (after softmax).
+Keeping them apart from `tensor` makes misuse unrepresentable: a mask cannot be applied
+to a query tensor, and `attn.weighted_sum` only accepts probabilities.
+
+```mlir
+%s = attn.scores %q, %k : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<?x32x?x?xf32>
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f32,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import irdl_attr_definition
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
+
+DYNAMIC = -1
+"""Marker of a dynamic (`?`) dimension."""
+
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
+
+
+class _LogitsShapeType(ParametrizedAttribute, TypeAttribute):
+    """Base of the rank-4 `[batch, heads, q_len, kv_len]` logits types."""
+
+    shape: ArrayAttr[IntAttr]
+    element_type: Attribute
+
+    def __init__(self, shape: Sequence[int], element_type: Attribute = f32):
+        super().__init__(ArrayAttr(IntAttr(d) for d in shape), element_type)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.shape.data)
+
+    def verify(self) -> None:
+        if len(self.shape.data) != 4:
+            raise VerifyException(
+                f"{self.name} must have 4 dims [batch, heads, q_len, kv_len], "
+                f"got {len(self.shape.data)}"
+            )
+        if not isinstance(self.element_type, Float32Type):
+            raise VerifyException(f"{self.name} element type must be f32")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            dims, element_type = parser.parse_ranked_shape()
+        return (ArrayAttr(IntAttr(DYNAMIC if d < 0 else d) for d in dims), element_type)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            dims = ("?" if d == DYNAMIC else str(d) for d in self.dims)
+            printer.print_string("x".join(dims) + "x")
+            printer.print_attribute(self.element_type)
+
+
+@irdl_attr_definition
+class ScoresType(_LogitsShapeType):
+    """Attention logits `S[b, h, q, kv]` (fp32), before softmax."""
+
+    name = "attn.scores"
+
+
+@irdl_attr_definition
+class ProbsType(_LogitsShapeType):
+    """Attention probabilities `P[b, h, q, kv]` (fp32), after softmax."""
+
+    name = "attn.probs"
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def dims_compatible(a: int, b: int) -> bool:
+    """Two dims agree when equal or when either is dynamic."""
+    return a == b or a == DYNAMIC or b == DYNAMIC
+
+
+def merge_dim(a: int, b: int) -> int:
+    return b if a == DYNAMIC else a
+
+
+def qkv_shape(value_type: Attribute, what: str) -> tuple[int, int, int, int]:
+    """Check a `[batch, heads, seq, head_dim]` float tensor type; return its shape."""
+    if not isinstance(value_type, TensorType):
+        raise VerifyException(f"{what} must be a tensor, got {value_type}")
+    shape = tuple(value_type.get_shape())
+    if len(shape) != 4:
+        raise VerifyException(
+            f"{what} must be rank 4 [batch, heads, seq, head_dim], got rank {len(shape)}"
+        )
+    if not isinstance(value_type.element_type, FLOAT_TYPES):
+        raise VerifyException(
+            f"{what} element type must be f16, bf16 or f32, got {value_type.element_type}"
+        )
+    for name, d in (("heads", shape[1]), ("head_dim", shape[3])):
+        if d == DYNAMIC:
+            raise VerifyException(f"{what} {name} dim must be static")
+    return shape[0], shape[1], shape[2], shape[3]
+
+
+def vector_shape(value_type: Attribute, what: str, length: int) -> None:
+    """Check a rank-1 float tensor of the given length (per-head or per-dim params)."""
+    if not isinstance(value_type, TensorType) or len(value_type.get_shape()) != 1:
+        raise VerifyException(f"{what} must be a rank-1 tensor<{length}xf32>, got {value_type}")
+    if not isinstance(value_type.element_type, (*FLOAT_TYPES, Float64Type)):
+        raise VerifyException(f"{what} must have a float element type")
+    if not dims_compatible(value_type.get_shape()[0], length):
+        raise VerifyException(
+            f"{what} must have {length} elements, got {value_type.get_shape()[0]}"
+        )
+
+
+def int_tensor(value_type: Attribute, what: str, rank: int) -> tuple[int, ...]:
+    if (
+        not isinstance(value_type, TensorType)
+        or len(value_type.get_shape()) != rank
+        or not isinstance(value_type.element_type, IntegerType)
+    ):
+        raise VerifyException(f"{what} must be a rank-{rank} integer tensor, got {value_type}")
+    return tuple(value_type.get_shape())
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `{key = value}` option of an attn op: stored as a property when given."""
+
+    name: str
+    kind: type[float] | type[int] | type[str]
+    default: float | int | str | None
+    choices: tuple[str, ...] = ()
+    doc: str = ""
+
+    def to_attr(self, value: float | int | str) -> Attribute:
+        if self.kind is float:
+            return FloatAttr(float(value), f64)
+        if self.kind is int:
+            return IntegerAttr(int(value), i64)
+        return StringAttr(str(value))
+
+
+def option_value(attr: Attribute) -> float | int | str:
+    if isinstance(attr, FloatAttr):
+        return float(attr.value.data)
+    if isinstance(attr, IntegerAttr):
+        return int(attr.value.data)
+    if isinstance(attr, StringAttr):
+        return attr.data
+    raise ValueError(f"not an option value: {attr}")
+
+
+def format_option_value(value: float | int | str) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, float):
+        text = repr(value)  # shortest exact form; MLIR floats need a '.' before 'e'
+        if "e" in text and "." not in text:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    return str(value)
+
+
+def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> dict[str, Attribute]:
+    """Parse `{key = value, ...}`, checking keys, value kinds and choices."""
+    by_name = {o.name: o for o in options}
+    result: dict[str, Attribute] = {}
+    if parser.parse_optional_punctuation("{") is None:
+        return result
+    if parser.parse_optional_punctuation("}") is not None:
+        return result
+    while True:
+        start = parser.pos
+        key = parser.parse_optional_identifier()
+        if key is None:
+            key = parser.parse_optional_str_literal()
+        if key is None:
+            parser.raise_error("expected an option name")
+        option = by_name.get(key)
+        if option is None:
+            known = ", ".join(by_name) or "none"
+            parser.raise_error(
+                f"unknown option '{key}' for {op_name} (known options: {known})",
+                start,
+                parser.pos,
+            )
+        if key in result:
+            parser.raise_error(f"option '{key}' given twice", start, parser.pos)
+        parser.parse_punctuation("=")
+        value_start = parser.pos
+        value: float | int | str | None
+        if option.kind is str:
+            value = parser.parse_optional_str_literal()
+            if value is None:
+                value = parser.parse_optional_identifier()
+            if value is None:
+                parser.raise_error(f"option '{key}' expects a string")
+            if option.choices and value not in option.choices:
+                parser.raise_error(
+                    f"option '{key}' must be one of {', '.join(option.choices)}, got '{value}'",
+                    value_start,
+                    parser.pos,
+                )
+        else:
+            negative = parser.parse_optional_punctuation("-") is not None
+            number = parser.parse_optional_number()
+            if number is None:
+                parser.raise_error(f"option '{key}' expects a number")
+            if parser.parse_optional_punctuation(":") is not None:
+                parser.parse_type()  # tolerate `1.0 : f64` spelled out
+            if option.kind is int and not isinstance(number, int):
+                parser.raise_error(
+                    f"option '{key}' expects an integer, got {number}", value_start, parser.pos
+                )
+            value = -number if negative else number
+        result[key] = option.to_attr(value)
+        if parser.parse_optional_punctuation("}") is not None:
+            return result
+        if parser.parse_optional_punctuation(",") is None:
+            parser.raise_error(
+                f"expected ',' or '}}' after option '{key}' (floats are written like 1.0e-05)"
+            )
+
+
+def print_options(printer: Printer, values: Sequence[tuple[str, float | int | str]]) -> None:
+    if not values:
+        return
+    body = ", ".join(f"{k} = {format_option_value(v)}" for k, v in values)
+    printer.print_string(" {" + body + "}")
