@@ -132,6 +132,7 @@ class RopeOp(AttnSyntaxOp):
     original_max_position = opt_prop_def(IntegerAttr)
     beta_fast = opt_prop_def(FloatAttr)
     beta_slow = opt_prop_def(FloatAttr)
+    truncate = opt_prop_def(IntegerAttr)
     attention_factor = opt_prop_def(FloatAttr)
     placement = opt_prop_def(StringAttr)
     traits = traits_def(Pure())
@@ -150,6 +151,7 @@ class RopeOp(AttnSyntaxOp):
         Option("original_max_position", int, 8192, doc="llama3 / yarn pre-training context"),
         Option("beta_fast", float, 32.0, doc="yarn ramp bound (rotations)"),
         Option("beta_slow", float, 1.0, doc="yarn ramp bound (rotations)"),
+        Option("truncate", int, 1, doc="yarn: round the ramp bounds to integers (1) or not (0, gpt-oss)"),
         Option("attention_factor", float, None, doc="yarn cos/sin scale, default 0.1 ln(factor) + 1"),
         PLACEMENT,
     )
@@ -536,9 +538,9 @@ class SoftmaxOp(AttnSyntaxOp):
 class DropoutOp(AttnSyntaxOp):
     """Dropout on probabilities: `P * keep / (1 - p)`, keep drawn from a counter-based RNG.
 
-    The draw for element `(b, h, q, kv)` depends only on the seed and its linear index
-    `((b * H + h) * Sq + q) * Skv + kv` (Philox, as Triton's `tl.rand`), so the backward
-    regenerates the same mask.
+    Element `(b, h, q, kv)` is kept when `u >= p`, with `u` Triton's `tl.rand(key, q * Skv + kv)`
+    (Philox-4x32-10) and `key = seed + ((b * H + h) << 32)`: a pure function of the seed and
+    the element's indices, so the backward regenerates the same mask.
 
     ```mlir
     %pd = attn.dropout %p, %seed {p = 0.1} : !attn.probs<?x32x?x?xf32>, i64
