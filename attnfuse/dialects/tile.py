@@ -1,0 +1,625 @@
+"""
+The `tile` dialect: GPU kernels over blocks of values, one step above Triton.
+
+A `tile.kernel` is a function run once per program (CTA) of a launch grid. Its body
+works on scalars and *tiles* (static `tensor<...>` values) with program ids, ranges,
+masked block loads and stores through `!tile.ptr<T>`, `dot`, reductions and
+elementwise math. Elementwise arithmetic reuses `arith` and `math`, control flow
+reuses `scf.for` (with `iter_args`) and `scf.if`. This dialect only adds what those
+lack; in particular xDSL's `arith.cmpi/cmpf/select` and the integer/float conversion
+ops do not accept tensors, hence `tile.cmp`, `tile.where` and `tile.convert`.
+
+See docs/tile-dialect.md for the reference and the Triton each op becomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I32,
+    I64,
+    AnyAttr,
+    DictionaryAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f32,
+    f64,
+    i1,
+    i32,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    VarConstraint,
+    base,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    opt_operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.traits import (
+    HasParent,
+    IsolatedFromAbove,
+    IsTerminator,
+    Pure,
+    SymbolOpInterface,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects.tile_memory import AtomicAddOp, LoadOp, PtrAddOp, StoreOp
+from attnfuse.dialects.tile_shape import (
+    ArangeOp,
+    BroadcastOp,
+    ExpandDimsOp,
+    ReshapeOp,
+    SplatOp,
+    TransOp,
+)
+from attnfuse.dialects.tile_types import (
+    CmpPredicate,
+    CmpPredicateAttr,
+    PtrType,
+    ReduceKind,
+    ReduceKindAttr,
+    element_type_of,
+    is_element_type,
+    is_float_type,
+    is_int_type,
+    shape_of,
+    tile_type,
+    verify_tile_shape,
+)
+
+__all__ = [
+    "ArangeOp",
+    "AtomicAddOp",
+    "BroadcastOp",
+    "CmpOp",
+    "CmpPredicate",
+    "CmpPredicateAttr",
+    "ConvertOp",
+    "DotOp",
+    "ExpandDimsOp",
+    "KernelOp",
+    "LoadOp",
+    "NumProgramsOp",
+    "ProgramIdOp",
+    "PtrAddOp",
+    "PtrType",
+    "RandOp",
+    "ReduceKind",
+    "ReduceKindAttr",
+    "ReduceOp",
+    "ReshapeOp",
+    "ReturnOp",
+    "SplatOp",
+    "StoreOp",
+    "Tile",
+    "TransOp",
+    "WhereOp",
+]
+
+KERNEL_SCALAR_ARG_TYPES: tuple[Attribute, ...] = (i32, i64, f32)
+"""Scalar kernel argument types (besides `!tile.ptr<T>`)."""
+
+
+# ---------------------------------------------------------------------------
+# Kernel structure
+# ---------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """
+    A GPU kernel: the body runs once per program of the launch grid. The entry
+    block arguments are the kernel arguments (`!tile.ptr<T>`, `i32`, `i64`, `f32`).
+    `num_warps`/`num_stages` are Triton launch options; `launch` is a free-form
+    dictionary read by the runtime (grid description, block sizes, ...).
+
+    ```mlir
+    tile.kernel @add(%x: !tile.ptr<f32>, %n: i32) attributes {launch = {grid = "cdiv(n, 64)"}, num_stages = 3 : i64, num_warps = 4 : i64} {
+      tile.return
+    }
+    ```
+    """
+
+    name = "tile.kernel"
+
+    sym_name = prop_def(StringAttr)
+    num_warps = prop_def(IntegerAttr[I64])
+    num_stages = prop_def(IntegerAttr[I64])
+    launch = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+
+    traits = lazy_traits_def(lambda: (SymbolOpInterface(), IsolatedFromAbove()))
+
+    _PROP_NAMES: ClassVar[tuple[str, ...]] = ("num_warps", "num_stages", "launch")
+
+    def __init__(
+        self,
+        name: str,
+        arg_types: Sequence[Attribute],
+        *,
+        num_warps: int = 4,
+        num_stages: int = 3,
+        launch: DictionaryAttr | Mapping[str, Attribute] | None = None,
+        body: Region | None = None,
+    ):
+        if body is None:
+            body = Region(Block(arg_types=arg_types))
+        if not isinstance(launch, DictionaryAttr):
+            launch = DictionaryAttr(dict(launch or {}))
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(name),
+                "num_warps": IntegerAttr(num_warps, i64),
+                "num_stages": IntegerAttr(num_stages, i64),
+                "launch": launch,
+            },
+            regions=[body],
+        )
+
+    @property
+    def args(self) -> tuple[SSAValue, ...]:
+        return tuple(self.body.block.args)
+
+    @property
+    def arg_types(self) -> tuple[Attribute, ...]:
+        return tuple(a.type for a in self.body.block.args)
+
+    def verify_(self) -> None:
+        for i, arg in enumerate(self.body.block.args):
+            if not isinstance(arg.type, PtrType) and arg.type not in (
+                KERNEL_SCALAR_ARG_TYPES
+            ):
+                raise VerifyException(
+                    f"tile.kernel argument #{i} must be !tile.ptr<T>, i32, i64 or "
+                    f"f32, got {arg.type}"
+                )
+        last = self.body.block.last_op
+        if not isinstance(last, ReturnOp):
+            raise VerifyException("tile.kernel body must end with tile.return")
+        if self.num_warps.value.data <= 0 or self.num_warps.value.data & (
+            self.num_warps.value.data - 1
+        ):
+            raise VerifyException("num_warps must be a positive power of two")
+        if self.num_stages.value.data < 1:
+            raise VerifyException("num_stages must be >= 1")
+        for op in self.body.walk():
+            for value in (
+                *op.results,
+                *(a for r in op.regions for b in r.blocks for a in b.args),
+            ):
+                verify_tile_shape(value.type, op.name)
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        printer.print_string("(")
+        printer.print_list(self.body.block.args, printer.print_block_argument)
+        printer.print_string(")")
+        attrs = {name: self.properties[name] for name in self._PROP_NAMES}
+        attrs.update(self.attributes)
+        printer.print_op_attributes(attrs, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> KernelOp:
+        name = parser.parse_symbol_name().data
+        args = parser.parse_comma_separated_list(
+            parser.Delimiter.PAREN, parser.parse_argument
+        )
+        attr_dict = parser.parse_optional_attr_dict_with_keyword()
+        attrs = dict(attr_dict.data) if attr_dict is not None else {}
+        body = parser.parse_region(args)
+        props: dict[str, Attribute] = {"sym_name": StringAttr(name)}
+        for prop in cls._PROP_NAMES:
+            if prop in attrs:
+                props[prop] = attrs.pop(prop)
+        props.setdefault("num_warps", IntegerAttr(4, i64))
+        props.setdefault("num_stages", IntegerAttr(3, i64))
+        props.setdefault("launch", DictionaryAttr({}))
+        return cls.create(properties=props, attributes=attrs, regions=[body])
+
+
+@irdl_op_definition
+class ReturnOp(IRDLOperation):
+    """
+    Terminates a `tile.kernel` (kernels return nothing; results go through stores).
+
+    ```mlir
+    tile.return
+    ```
+    """
+
+    name = "tile.return"
+
+    traits = traits_def(IsTerminator(), HasParent(KernelOp), Pure())
+    assembly_format = "attr-dict"
+
+
+# ---------------------------------------------------------------------------
+# Program ids and index tiles
+# ---------------------------------------------------------------------------
+
+
+class _GridQueryOp(IRDLOperation):
+    axis = prop_def(IntegerAttr[I32])
+    result = result_def(IntegerType)
+
+    traits = traits_def(Pure())
+    assembly_format = "$axis attr-dict `:` type($result)"
+
+    def __init__(self, axis: int):
+        super().__init__(
+            properties={"axis": IntegerAttr(axis, i32)}, result_types=[i32]
+        )
+
+    def verify_(self) -> None:
+        if self.axis.value.data not in (0, 1, 2):
+            raise VerifyException(f"{self.name} axis must be 0, 1 or 2")
+        if self.result.type != i32:
+            raise VerifyException(f"{self.name} result must be i32")
+
+
+@irdl_op_definition
+class ProgramIdOp(_GridQueryOp):
+    """
+    The index of this program along a grid axis (`tl.program_id(axis)`).
+
+    ```mlir
+    %pid = tile.program_id 0 : i32
+    ```
+    """
+
+    name = "tile.program_id"
+
+
+@irdl_op_definition
+class NumProgramsOp(_GridQueryOp):
+    """
+    The number of programs along a grid axis (`tl.num_programs(axis)`).
+
+    ```mlir
+    %n = tile.num_programs 1 : i32
+    ```
+    """
+
+    name = "tile.num_programs"
+
+
+# ---------------------------------------------------------------------------
+# Compute
+# ---------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class DotOp(IRDLOperation):
+    """
+    Matrix product `a @ b (+ acc)` with fp32 accumulation (`tl.dot`). `a`, `b`
+    have the same element type (f16, bf16 or f32; i8 accumulates in i32); every
+    dimension is at least 16. f32 inputs are multiplied in full IEEE precision.
+
+    ```mlir
+    %s = tile.dot %q, %kt, %acc : tensor<64x128xbf16>, tensor<128x64xbf16> -> tensor<64x64xf32>
+    %p = tile.dot %q, %kt : tensor<64x128xbf16>, tensor<128x64xbf16> -> tensor<64x64xf32>
+    ```
+    """
+
+    name = "tile.dot"
+
+    C: ClassVar = VarConstraint("C", base(TensorType))
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    acc = opt_operand_def(C)
+    result = result_def(C)
+
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$lhs `,` $rhs (`,` $acc^)? attr-dict `:` type($lhs) `,` type($rhs) "
+        "`->` type($result)"
+    )
+
+    def __init__(
+        self,
+        lhs: SSAValue | Operation,
+        rhs: SSAValue | Operation,
+        acc: SSAValue | Operation | None = None,
+        result_type: Attribute | None = None,
+    ):
+        lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
+        if result_type is None:
+            if acc is not None:
+                result_type = SSAValue.get(acc).type
+            else:
+                assert isinstance(lhs.type, TensorType)
+                assert isinstance(rhs.type, TensorType)
+                out_elem = i32 if is_int_type(lhs.type.element_type) else f32
+                m, n = lhs.type.get_shape()[0], rhs.type.get_shape()[1]
+                result_type = TensorType(out_elem, [m, n])
+        super().__init__(
+            operands=[lhs, rhs, [] if acc is None else [acc]],
+            result_types=[result_type],
+        )
+
+    def verify_(self) -> None:
+        a, b, c = self.lhs.type, self.rhs.type, self.result.type
+        assert isinstance(a, TensorType) and isinstance(b, TensorType)
+        assert isinstance(c, TensorType)
+        if a.get_num_dims() != 2 or b.get_num_dims() != 2 or c.get_num_dims() != 2:
+            raise VerifyException("tile.dot operands must be 2-d tiles")
+        (m, k), (k2, n) = a.get_shape(), b.get_shape()
+        if k != k2 or c.get_shape() != (m, n):
+            raise VerifyException(
+                f"tile.dot shape mismatch: {a} x {b} -> {c} (expected {m}x{n} result)"
+            )
+        if min(m, n, k) < 16:
+            raise VerifyException("tile.dot dimensions must all be >= 16 (Triton rule)")
+        if a.element_type != b.element_type:
+            raise VerifyException("tile.dot operands must have the same element type")
+        if a.element_type == IntegerType(8):
+            expected_out: Attribute = i32
+        elif is_float_type(a.element_type) and a.element_type != f64:
+            expected_out = f32
+        else:
+            raise VerifyException(
+                f"tile.dot operands must be f16, bf16, f32 or i8, got {a.element_type}"
+            )
+        if c.element_type != expected_out:
+            raise VerifyException(
+                f"tile.dot result element type must be {expected_out}"
+            )
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """
+    Reduces a tile along `axis` with max, min or sum (`tl.max/min/sum`); a 1-d
+    tile reduces to a scalar.
+
+    ```mlir
+    %m = tile.reduce max %s {axis = 1} : tensor<64x128xf32> -> tensor<64xf32>
+    ```
+    """
+
+    name = "tile.reduce"
+
+    kind = prop_def(ReduceKindAttr)
+    input = operand_def(TensorType)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def()
+
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$kind $input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, kind: ReduceKind, input: SSAValue | Operation, axis: int):
+        input = SSAValue.get(input)
+        assert isinstance(input.type, TensorType)
+        shape = list(input.type.get_shape())
+        del shape[axis]
+        super().__init__(
+            operands=[input],
+            properties={"kind": ReduceKindAttr(kind), "axis": IntegerAttr(axis, i64)},
+            result_types=[tile_type(shape, input.type.element_type)],
+        )
+
+    def verify_(self) -> None:
+        in_type = self.input.type
+        assert isinstance(in_type, TensorType)
+        shape = list(in_type.get_shape())
+        axis = self.axis.value.data
+        if not 0 <= axis < len(shape):
+            raise VerifyException(f"tile.reduce axis {axis} out of range for {in_type}")
+        del shape[axis]
+        expected = tile_type(shape, in_type.element_type)
+        if self.result.type != expected:
+            raise VerifyException(f"tile.reduce result must be {expected}")
+
+
+@irdl_op_definition
+class RandOp(IRDLOperation):
+    """
+    Counter-based (Philox) uniform random numbers in [0, 1), a pure function of
+    `seed` and each element of `offsets` (`tl.rand(seed, offsets)`).
+
+    ```mlir
+    %u = tile.rand %seed, %offs : i64, tensor<64x128xi32> -> tensor<64x128xf32>
+    ```
+    """
+
+    name = "tile.rand"
+
+    seed = operand_def(IntegerType)
+    offsets = operand_def()
+    result = result_def()
+
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$seed `,` $offsets attr-dict `:` type($seed) `,` type($offsets) "
+        "`->` type($result)"
+    )
+
+    def __init__(self, seed: SSAValue | Operation, offsets: SSAValue | Operation):
+        offsets = SSAValue.get(offsets)
+        super().__init__(
+            operands=[seed, offsets],
+            result_types=[tile_type(shape_of(offsets.type), f32)],
+        )
+
+    def verify_(self) -> None:
+        if self.seed.type not in (i32, i64):
+            raise VerifyException("tile.rand seed must be i32 or i64")
+        if element_type_of(self.offsets.type) != i32:
+            raise VerifyException("tile.rand offsets must be i32 (scalar or tile)")
+        if self.result.type != tile_type(shape_of(self.offsets.type), f32):
+            raise VerifyException(
+                "tile.rand result must be f32 with the offsets' shape"
+            )
+
+
+@irdl_op_definition
+class WhereOp(IRDLOperation):
+    """
+    Elementwise choice `cond ? lhs : rhs` with a tile condition (`tl.where`);
+    scalar conditions use `arith.select`.
+
+    ```mlir
+    %s2 = tile.where %keep, %s, %ninf : tensor<64x64xi1>, tensor<64x64xf32>
+    ```
+    """
+
+    name = "tile.where"
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    cond = operand_def(TensorType)
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$cond `,` $lhs `,` $rhs attr-dict `:` type($cond) `,` type($result)"
+    )
+
+    def __init__(
+        self,
+        cond: SSAValue | Operation,
+        lhs: SSAValue | Operation,
+        rhs: SSAValue | Operation,
+    ):
+        lhs = SSAValue.get(lhs)
+        super().__init__(operands=[cond, lhs, rhs], result_types=[lhs.type])
+
+    def verify_(self) -> None:
+        cond = self.cond.type
+        assert isinstance(cond, TensorType)
+        if cond.element_type != i1 or cond.get_shape() != shape_of(self.lhs.type):
+            raise VerifyException(
+                f"tile.where condition must be i1 with the shape of the values, got {cond}"
+            )
+
+
+@irdl_op_definition
+class CmpOp(IRDLOperation):
+    """
+    Elementwise comparison giving i1 (Triton's `<`, `<=`, `>`, `>=`, `==`, `!=`):
+    signed for integers, ordered for floats except `ne` (unordered).
+
+    ```mlir
+    %in = tile.cmp lt, %offs, %n : tensor<64xi32> -> tensor<64xi1>
+    ```
+    """
+
+    name = "tile.cmp"
+
+    T: ClassVar = VarConstraint("T", AnyAttr())
+    predicate = prop_def(CmpPredicateAttr)
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def()
+
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)"
+    )
+
+    def __init__(
+        self,
+        predicate: CmpPredicate | str,
+        lhs: SSAValue | Operation,
+        rhs: SSAValue | Operation,
+    ):
+        lhs = SSAValue.get(lhs)
+        super().__init__(
+            operands=[lhs, rhs],
+            properties={"predicate": CmpPredicateAttr(CmpPredicate(predicate))},
+            result_types=[tile_type(shape_of(lhs.type), i1)],
+        )
+
+    def verify_(self) -> None:
+        if self.lhs.type != self.rhs.type:
+            raise VerifyException("tile.cmp operands must have the same type")
+        if not is_element_type(element_type_of(self.lhs.type)):
+            raise VerifyException(f"tile.cmp cannot compare {self.lhs.type}")
+        expected = tile_type(shape_of(self.lhs.type), i1)
+        if self.result.type != expected:
+            raise VerifyException(f"tile.cmp result must be {expected}")
+
+
+@irdl_op_definition
+class ConvertOp(IRDLOperation):
+    """
+    Elementwise numeric conversion with `tl.cast` semantics: float->float rounds
+    to nearest even, int->float is signed (i1 counts as 0/1), float->int truncates
+    toward zero, int->int sign-extends or truncates (i1 zero-extends), and
+    anything->i1 is `!= 0`. Works on scalars and tiles.
+
+    ```mlir
+    %f = tile.convert %offs : tensor<64xi32> -> tensor<64xf32>
+    ```
+    """
+
+    name = "tile.convert"
+
+    input = operand_def()
+    result = result_def()
+
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue | Operation, element_type: Attribute):
+        input = SSAValue.get(input)
+        super().__init__(
+            operands=[input],
+            result_types=[tile_type(shape_of(input.type), element_type)],
+        )
+
+    def verify_(self) -> None:
+        src, dst = self.input.type, self.result.type
+        if shape_of(src) != shape_of(dst):
+            raise VerifyException("tile.convert must keep the shape")
+        for t in (src, dst):
+            if not is_element_type(element_type_of(t)):
+                raise VerifyException(f"tile.convert cannot convert {t}")
+
+
+Tile = Dialect(
+    "tile",
+    [
+        KernelOp,
+        ReturnOp,
+        ProgramIdOp,
+        NumProgramsOp,
+        ArangeOp,
+        SplatOp,
+        ExpandDimsOp,
+        BroadcastOp,
+        ReshapeOp,
+        TransOp,
+        PtrAddOp,
+        LoadOp,
+        StoreOp,
+        AtomicAddOp,
+        DotOp,
+        ReduceOp,
+        RandOp,
+        WhereOp,
+        CmpOp,
+        ConvertOp,
+    ],
+    [PtrType, ReduceKindAttr, CmpPredicateAttr],
+)
