@@ -52,6 +52,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
+from attnfuse.dialects.attn_online import OnlineSoftmaxOp
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import (
     DYNAMIC,
@@ -640,6 +641,7 @@ Attn = Dialect(
         DropoutOp,
         WeightedSumOp,
         YieldOp,
+        OnlineSoftmaxOp,
     ],
     [ScoresType, ProbsType],
 )
@@ -649,6 +651,7 @@ __all__ = [
     "BiasOp",
     "DropoutOp",
     "MaskOp",
+    "OnlineSoftmaxOp",
     "ProbsType",
     "QKNormOp",
     "RopeOp",

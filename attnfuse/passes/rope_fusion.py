@@ -1,0 +1,85 @@
+"""`rope-fusion{strategy=auto|fused|hybrid|separate}`: decide where Q/K transforms run.
+
+RoPE and QK-norm act on Q and K *before* the QK matmul. This pass sets each transform's
+`placement`:
+
+* `fused`: all of them run inside the attention kernel (Q in the prologue, each K tile
+  right after its load);
+* `hybrid`: Q's inside the kernel, K's once in a generated pre-kernel, so the kernel
+  reads K already transformed;
+* `separate`: both sides in generated pre-kernels (what an unfused stack does);
+* `auto`: ask the cost model (`attnfuse.cost`) for the device given to the driver with
+  `--device` (default: the local GPU, else H200), falling back to `fused`.
+
+```mlir
+%kr = attn.rope %k {theta = 500000.0} : tensor<?x8x?x128xbf16>
+```
+with `strategy=hybrid` becomes
+```mlir
+%kr = attn.rope %k {theta = 500000.0, placement = "prekernel"} : tensor<?x8x?x128xbf16>
+```
+Placements already written in the program are kept, which lets users pin one transform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+
+from xdsl.passes import ModulePass
+
+from attnfuse.program import ProgramError, Side, analyze, find_functions
+
+STRATEGIES = ("auto", "fused", "hybrid", "separate")
+
+
+def choose_strategy(strategy: str, device: str | None) -> str:
+    """Resolve `auto` through the cost model when it is available."""
+    if strategy != "auto":
+        return strategy
+    try:
+        from attnfuse.cost import choose_rope_strategy  # type: ignore[attr-defined]
+    except ImportError:
+        return "fused"
+    return str(choose_rope_strategy(device))
+
+
+def _place(side: Side, placement: str) -> None:
+    for op in side.transforms:
+        if op.str_option("placement") == "auto":
+            op.properties["placement"] = StringAttr(placement)
+    placements = side.placements()
+    if "prekernel" in placements and "kernel" in placements:
+        first_kernel = placements.index("kernel")
+        if "prekernel" in placements[first_kernel:]:
+            raise ProgramError(
+                "a transform placed in a pre-kernel cannot follow one placed in the kernel",
+                side.transforms[placements.index("prekernel", first_kernel)],
+            )
+
+
+@dataclass(frozen=True)
+class RopeFusionPass(ModulePass):
+    """Place RoPE / QK-norm inside the attention kernel or in pre-kernels."""
+
+    name = "rope-fusion"
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    strategy: str = "auto"
+    device: str | None = None
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"rope-fusion: strategy must be one of {', '.join(STRATEGIES)}, got '{self.strategy}'"
+            )
+        strategy = choose_strategy(self.strategy, self.device)
+        q_place = "prekernel" if strategy == "separate" else "kernel"
+        k_place = "kernel" if strategy == "fused" else "prekernel"
+        for function in find_functions(op):
+            program = analyze(function)
+            _place(program.q, q_place)
+            _place(program.k, k_place)

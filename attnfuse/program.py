@@ -1,0 +1,203 @@
+"""The structure of an attention program, read off a `func.func` of attn ops.
+
+Every pass after parsing needs the same view of a program: which function arguments are
+Q, K and V, which transforms run on each side before `attn.scores`, the chain of score
+ops, and how the probabilities become the output. `analyze` computes it once and says
+clearly (with the offending op) when a function is not an attention program the
+compiler can lower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse.dialects.attn import (
+    SCORE_OPS,
+    DropoutOp,
+    OnlineSoftmaxOp,
+    QKNormOp,
+    RopeOp,
+    ScoresOp,
+    SoftmaxOp,
+    WeightedSumOp,
+)
+from attnfuse.dialects.attn_types import qkv_shape
+
+
+class ProgramError(DiagnosticException):
+    """A function that is not a lowerable attention program."""
+
+    def __init__(self, message: str, op: Operation | None = None) -> None:
+        self.op = op
+        super().__init__(message)
+
+
+@dataclass
+class Side:
+    """One operand side of `attn.scores` (Q or K): its argument and its transforms."""
+
+    arg_index: int
+    transforms: list[RopeOp | QKNormOp] = field(default_factory=list)
+
+    def placements(self) -> list[str]:
+        return [t.str_option("placement") for t in self.transforms]
+
+
+@dataclass
+class AttentionProgram:
+    """The parts of one attention function, in dataflow order."""
+
+    func: func.FuncOp
+    q: Side
+    k: Side
+    v_arg: int
+    scores: ScoresOp
+    score_ops: list[Operation]
+    softmax: SoftmaxOp | None
+    dropout: DropoutOp | None
+    weighted_sum: WeightedSumOp | None
+    online: OnlineSoftmaxOp | None
+    output_index: int
+    lse_index: int | None
+
+    @property
+    def heads(self) -> tuple[int, int, int]:
+        """(query heads, kv heads, v heads)."""
+        hq = qkv_shape(self.scores.q.type, "q")[1]
+        hk = qkv_shape(self.scores.k.type, "k")[1]
+        return hq, hk, qkv_shape(self.v_type, "v")[1]
+
+    @property
+    def v_type(self) -> TensorType:
+        ty = self.func.args[self.v_arg].type
+        assert isinstance(ty, TensorType)
+        return ty
+
+    def arg(self, value: SSAValue) -> int:
+        """The function-argument index of an operand, or an error naming it."""
+        if isinstance(value, BlockArgument) and value.owner is self.func.body.block:
+            return value.index
+        raise ProgramError(
+            f"operand {value.name_hint or value} must be a function argument", _owner(value)
+        )
+
+
+def _owner(value: SSAValue) -> Operation | None:
+    owner = value.owner
+    return owner if isinstance(owner, Operation) else None
+
+
+def _single_use(value: SSAValue, what: str) -> Operation:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        raise ProgramError(
+            f"{what} must have exactly one use (fused attention computes it once), "
+            f"found {len(uses)}",
+            _owner(value),
+        )
+    return uses[0].operation
+
+
+def _side(program_func: func.FuncOp, value: SSAValue, what: str) -> Side:
+    transforms: list[RopeOp | QKNormOp] = []
+    while not isinstance(value, BlockArgument):
+        op = value.owner
+        if not isinstance(op, (RopeOp, QKNormOp)):
+            raise ProgramError(
+                f"{what} of attn.scores must come from a function argument through "
+                f"attn.rope / attn.qk_norm, found {getattr(op, 'name', op)}",
+                op if isinstance(op, Operation) else None,
+            )
+        _single_use(value, f"result of {op.name}")
+        transforms.append(op)
+        value = op.input
+    if value.owner is not program_func.body.block:
+        raise ProgramError(f"{what} must be an argument of the attention function")
+    transforms.reverse()
+    return Side(value.index, transforms)
+
+
+def find_functions(module: ModuleOp) -> list[func.FuncOp]:
+    """The functions of a module that contain an `attn.scores` op."""
+    return [
+        op
+        for op in module.ops
+        if isinstance(op, func.FuncOp) and any(isinstance(o, ScoresOp) for o in op.walk())
+    ]
+
+
+def analyze(function: func.FuncOp) -> AttentionProgram:
+    """Read the attention structure of `function` (see the module docstring)."""
+    scores_ops = [op for op in function.walk() if isinstance(op, ScoresOp)]
+    if len(scores_ops) != 1:
+        raise ProgramError(
+            f"@{function.sym_name.data} must contain exactly one attn.scores, found "
+            f"{len(scores_ops)}",
+            function,
+        )
+    scores = scores_ops[0]
+    q = _side(function, scores.q, "q")
+    k = _side(function, scores.k, "k")
+
+    score_ops: list[Operation] = []
+    value: SSAValue = scores.output
+    user = _single_use(value, "attn.scores result")
+    while isinstance(user, SCORE_OPS):
+        score_ops.append(user)
+        value = user.results[0]
+        user = _single_use(value, f"result of {user.name}")
+
+    softmax = dropout = weighted_sum = online = None
+    if isinstance(user, OnlineSoftmaxOp):
+        online = user
+        out_value, lse_value, v_value = user.output, user.lse, user.v
+    elif isinstance(user, SoftmaxOp):
+        softmax = user
+        lse_value = softmax.lse
+        probs_user = _single_use(softmax.output, "attn.softmax probabilities")
+        if isinstance(probs_user, DropoutOp):
+            dropout = probs_user
+            probs_user = _single_use(dropout.output, "attn.dropout result")
+        if not isinstance(probs_user, WeightedSumOp):
+            raise ProgramError(
+                "attention probabilities must feed attn.weighted_sum (after an optional "
+                f"attn.dropout), found {probs_user.name}",
+                probs_user,
+            )
+        weighted_sum = probs_user
+        out_value, v_value = weighted_sum.output, weighted_sum.v
+    else:
+        raise ProgramError(
+            f"scores must flow through score ops into attn.softmax, found {user.name}", user
+        )
+
+    ret = function.body.block.last_op
+    assert isinstance(ret, func.ReturnOp)
+    returned = list(ret.arguments)
+    if out_value not in returned:
+        raise ProgramError("the attention output must be returned by the function", ret)
+    lse_index = returned.index(lse_value) if lse_value is not None and lse_value in returned else None
+    if len(returned) != 1 + (lse_index is not None):
+        raise ProgramError("the function may return only the output and the lse", ret)
+
+    program = AttentionProgram(
+        func=function,
+        q=q,
+        k=k,
+        v_arg=-1,
+        scores=scores,
+        score_ops=score_ops,
+        softmax=softmax,
+        dropout=dropout,
+        weighted_sum=weighted_sum,
+        online=online,
+        output_index=returned.index(out_value),
+        lse_index=lse_index,
+    )
+    program.v_arg = program.arg(v_value)
+    return program
