@@ -1,0 +1,108 @@
+"""The `host` dialect: the launch sequence that runs a lowered attention program.
+
+After `lower-to-tile`, an attention function's body is host code: it reads sizes off its
+tensor arguments, allocates outputs and scratch buffers, and launches `tile.kernel`s.
+Host tensors are buffers: a kernel writes into the tensors passed to it, which is how
+outputs and intermediates (pre-rotated K, block maps, lse) come into being.
+
+A tensor operand of `host.launch` reaches the kernel as a pointer followed by one i32
+stride per dimension (in elements); scalar operands pass as they are.
+
+```mlir
+func.func @llama3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
+  %b = host.dim %q[0] : tensor<?x32x?x128xbf16>
+  %sq = host.dim %q[2] : tensor<?x32x?x128xbf16>
+  %o = host.alloc %b, %sq : tensor<?x32x?x128xbf16>
+  host.launch @llama3_fwd[%g0, %g1, %c1] (%q, %k, %v, %o, %b, %sq) : tensor<?x32x?x128xbf16>, ...
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+```
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import I64, IntegerAttr, SymbolRefAttr, TensorType, UnitAttr, i32
+from xdsl.ir import Dialect
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    var_operand_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+
+@irdl_op_definition
+class DimOp(IRDLOperation):
+    """The size of one dimension of a host tensor, as i32.
+
+    ```mlir
+    %sq = host.dim %q[2] : tensor<?x32x?x128xbf16>
+    ```
+    """
+
+    name = "host.dim"
+    source = operand_def(TensorType)
+    index = prop_def(IntegerAttr[I64])
+    result = result_def(i32)
+    assembly_format = "$source `[` $index `]` attr-dict `:` type($source)"
+
+    def __init__(self, source: object, index: int) -> None:
+        super().__init__(
+            operands=[source], result_types=[i32], properties={"index": IntegerAttr(index, 64)}
+        )
+
+    def verify_(self) -> None:
+        assert isinstance(self.source.type, TensorType)
+        if not 0 <= self.index.value.data < len(self.source.type.get_shape()):
+            raise VerifyException(f"host.dim: index {self.index.value.data} out of range")
+
+
+@irdl_op_definition
+class AllocOp(IRDLOperation):
+    """A new buffer on the inputs' device; one i32 operand per dynamic dim.
+
+    ```mlir
+    %lse = host.alloc %b, %sq {zero} : tensor<?x32x?xf32>
+    ```
+    """
+
+    name = "host.alloc"
+    sizes = var_operand_def(i32)
+    zero = opt_prop_def(UnitAttr)
+    result = result_def(TensorType)
+    assembly_format = "$sizes (`zero` $zero^)? attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        assert isinstance(self.result.type, TensorType)
+        dynamic = sum(1 for d in self.result.type.get_shape() if d < 0)
+        if dynamic != len(self.sizes):
+            raise VerifyException(
+                f"host.alloc: {dynamic} dynamic dims need {dynamic} size operands, got {len(self.sizes)}"
+            )
+
+
+@irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """Launch `@kernel` on a 3-D grid of programs with the given arguments.
+
+    ```mlir
+    host.launch @attn_fwd[%g0, %g1, %c1] (%q, %o, %sq) : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16>, i32
+    ```
+    """
+
+    name = "host.launch"
+    kernel = prop_def(SymbolRefAttr)
+    grid_x = operand_def(i32)
+    grid_y = operand_def(i32)
+    grid_z = operand_def(i32)
+    args = var_operand_def()
+    assembly_format = (
+        "$kernel `[` $grid_x `,` $grid_y `,` $grid_z `]` ` ` `(` $args `)` attr-dict `:` type($args)"
+    )
+
+
+Host = Dialect("host", [DimOp, AllocOp, LaunchOp], [])
