@@ -1,0 +1,433 @@
+"""``attnfuse-opt``: the AttnFuse optimizer driver (AttnFuse's ``mlir-opt``).
+
+An ``xDSLOptMain`` subclass that knows the attn/tile dialects, the ``.attn`` frontend,
+AttnFuse's passes and the ``triton`` target. Pipelines run through
+:class:`attnfuse.pass_manager.PassManager` (prerequisite checks, verification after
+every pass, timing, IR dumps). Every error is printed as an MLIR-style diagnostic
+(``file:line:col: error: reason``); the driver never shows a Python traceback unless
+``ATTNFUSE_TRACEBACK=1``.
+
+Exit codes: 0 success (also for diagnostics printed under ``--verify-diagnostics``),
+1 invalid input or pipeline, 2 command-line usage error, 3 internal compiler error.
+See docs/driver.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import IO, Any, NoReturn
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline
+from xdsl.printer import Printer
+from xdsl.utils.arg_spec import parse_spec
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from attnfuse.diagnostics import (
+    describe_spec_error,
+    format_diagnostic,
+    format_exception,
+    parse_module_with_locations,
+    verify_module,
+)
+from attnfuse.frontend import AttnFrontend
+from attnfuse.pass_manager import (
+    PassCrashError,
+    PassManager,
+    PipelineError,
+    TimingReport,
+    available_passes,
+    load_pass_plugin,
+    pass_summary,
+)
+from attnfuse.passes import (
+    DEFAULT_PIPELINE,
+    PASSES,
+    PassPluginError,
+    PassUnavailableError,
+)
+from attnfuse.universe import ATTNFUSE_DIALECTS, ATTNFUSE_FRONTENDS, ATTNFUSE_TARGETS
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "AttnfuseOptMain", "main"]
+
+PROG = "attnfuse-opt"
+EXIT_ERROR = 1
+"""Invalid input (parse/verify error), invalid pipeline, or a pass reported failure."""
+EXIT_USAGE = 2
+"""Bad command line (argparse's convention)."""
+EXIT_INTERNAL = 3
+"""Internal compiler error: a pass or target crashed with a Python exception."""
+
+
+def _version() -> str:
+    try:
+        return version("attnfuse")
+    except PackageNotFoundError:  # running from a source checkout
+        return "dev"
+
+
+def _fatal(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    raise SystemExit(code)
+
+
+def _prescan(argv: Sequence[str], flag: str) -> list[str]:
+    """Values of ``flag`` (``--flag X`` or ``--flag=X``) before argparse runs."""
+    values: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+class AttnfuseOptMain(xDSLOptMain):
+    """The ``attnfuse-opt`` driver; ``AttnfuseOptMain(args=[...]).run()`` in-process."""
+
+    version_format = f"{PROG} {_version()} (xdsl {{xdsl_version}})"
+    pass_manager: PassManager
+
+    def __init__(
+        self,
+        description: str = "AttnFuse optimizer driver: parse .attn/.mlir, run passes, "
+        "emit MLIR or Triton.",
+        args: Sequence[str] | None = None,
+    ) -> None:
+        argv = list(sys.argv[1:] if args is None else args)
+        self._want_help = any(a in ("-h", "--help") for a in argv)
+        for plugin in _prescan(argv, "--pass-plugin"):
+            try:
+                load_pass_plugin(plugin)
+            except (PassPluginError, ValueError) as e:
+                _fatal(str(e))
+        try:
+            super().__init__(description, argv)
+        except ArgSpecParseError as e:  # a BaseException in xDSL: catch explicitly
+            _fatal(f"invalid -t/-f specification: {describe_spec_error(e)}", EXIT_USAGE)
+
+    # ---------------------------------------------------------------- registration
+
+    def register_all_dialects(self) -> None:
+        super().register_all_dialects()
+        known = set(self.ctx.registered_dialect_names)
+        for name, factory in ATTNFUSE_DIALECTS.items():
+            if name not in known:  # already there when AttnFuse is pip-installed
+                self.ctx.register_dialect(name, factory)
+
+    def register_all_frontends(self) -> None:
+        super().register_all_frontends()
+        self.available_frontends.update(ATTNFUSE_FRONTENDS)
+
+    def register_all_passes(self) -> None:
+        super().register_all_passes()
+        for name, factory in available_passes().items():
+            self.register_pass(name, factory)
+
+    def register_all_targets(self) -> None:
+        super().register_all_targets()
+        self.available_targets.update(ATTNFUSE_TARGETS)
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.prog = PROG
+        arg_parser.set_defaults(passes=None)
+        for action in arg_parser._actions:  # noqa: SLF001 (shorten xDSL's huge help)
+            if action.dest == "passes":
+                action.help = (
+                    "pass pipeline, e.g. 'attn-canonicalize,rope-fusion{strategy=auto}' "
+                    "(passes are listed below; default with -t triton: the default "
+                    "pipeline)"
+                )
+        arg_parser.add_argument(
+            "--print-ir-after-all",
+            action="store_true",
+            help="print the IR to stderr after every pass, headed "
+            "'// -----// IR Dump After <pass> //----- //'",
+        )
+        arg_parser.add_argument(
+            "--device",
+            metavar="NAME",
+            help="target GPU for cost-model decisions (e.g. h100, h200, a100); passes "
+            "read it with attnfuse.pass_manager.current_device() "
+            "(default: $ATTNFUSE_DEVICE)",
+        )
+        arg_parser.add_argument(
+            "--pass-plugin",
+            action="append",
+            default=[],
+            metavar="FILE_OR_MODULE",
+            help="load passes from a .py file or Python module (repeatable); every "
+            "ModulePass it defines becomes usable in -p",
+        )
+        arg_parser.add_argument(
+            "--list-passes",
+            action=_ListPassesAction,
+            driver=self,
+            help="list every available pass (AttnFuse, plugins and xDSL) and exit",
+        )
+        if self._want_help:  # imports pass modules for their docstrings: help only
+            arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+            arg_parser.epilog = self._passes_epilog()
+
+    def _passes_epilog(self) -> str:
+        ours = [n for n in PASSES if n in self.available_passes]
+        xdsl = _xdsl_pass_names()
+        extra = sorted(n for n in self.available_passes if n not in PASSES and n not in xdsl)
+        width = max((len(n) for n in [*ours, *extra]), default=10) + 2
+        lines = ["AttnFuse passes:"]
+        lines += [f"  {n:<{width}}{pass_summary(self.available_passes[n])}" for n in ours]
+        if extra:
+            lines += ["", "Plugin and user passes:"]
+            for n in extra:
+                lines.append(f"  {n:<{width}}{pass_summary(self.available_passes[n])}")
+        lines += [
+            "",
+            f"Default pipeline for -t triton: {DEFAULT_PIPELINE}",
+            f"xDSL's {len(xdsl)} generic passes (canonicalize, cse, dce, ...) also work "
+            "in -p; --list-passes shows them all.",
+            "Docs: docs/driver.md (flags, pipeline syntax, diagnostics), "
+            "docs/extending.md (writing passes).",
+        ]
+        return "\n".join(lines)
+
+    # -------------------------------------------------------------------- pipeline
+
+    def setup_pipeline(self) -> None:
+        """Resolve ``-p`` (or the default pipeline for ``-t triton``) and check it."""
+        text = self.args.passes
+        if text is None:
+            target = parse_spec(self.args.target).name
+            text = DEFAULT_PIPELINE if target == "triton" else ""
+        dump = self.args.print_ir_after_all or self.args.print_between_passes
+        try:
+            self.pass_manager = PassManager(
+                text,
+                verify_each=not self.args.disable_verify,
+                timing=self.args.time_passes,
+                print_ir_after=self._dump_ir if dump else None,
+                device=self.args.device,
+                available=self.available_passes,
+            )
+        except (PipelineError, PassUnavailableError) as e:
+            _fatal(str(e))
+        self.pipeline = PassPipeline(self.pass_manager.passes)
+
+    def _dump_ir(self, pass_: ModulePass, module: ModuleOp) -> None:
+        sys.stdout.flush()
+        sys.stderr.write(f"// -----// IR Dump After {pass_.name} //----- //\n")
+        Printer(stream=sys.stderr, print_generic_format=self.args.print_op_generic).print_op(
+            module
+        )
+        sys.stderr.write("\n\n")
+        sys.stderr.flush()
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        self.pass_manager.run(prog, self.ctx, verify_input=False)
+
+    # ----------------------------------------------------------------------- input
+
+    def get_input_name(self) -> str:
+        return self.args.input_file or "<stdin>"
+
+    def prepare_input(self) -> tuple[list[tuple[IO[bytes], int]], str]:
+        # xDSL rejects unknown extensions even when -f names a frontend; don't.
+        if self.args.frontend and self.args.input_file:
+            ext = os.path.splitext(self.args.input_file)[1].lstrip(".")
+            if ext not in self.available_frontends:
+                self.available_frontends[ext] = self.available_frontends[
+                    parse_spec(self.args.frontend).name
+                ]
+        return super().prepare_input()
+
+    def parse_chunk(
+        self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
+    ) -> ModuleOp | None:
+        """Parse MLIR/.attn text recording op locations; other frontends via xDSL."""
+        spec = parse_spec(self.args.frontend or file_extension)
+        if spec.name not in ("mlir", "attn"):
+            return super().parse_chunk(chunk, file_extension, start_offset)
+        no_implicit = self.args.no_implicit_module
+        if spec.name == "attn":
+            no_implicit |= AttnFrontend.from_spec(spec).no_implicit_module
+        module, _ = parse_module_with_locations(
+            self.ctx,
+            chunk.read(),
+            self.get_input_name(),
+            line_offset=start_offset,
+            allow_implicit_module=not no_implicit,
+        )
+        return module
+
+    # ------------------------------------------------------------------------- run
+
+    def run(self) -> None:
+        """Process the input; exit non-zero on errors, never with a traceback."""
+        try:
+            failed = self._run()
+        except SystemExit:
+            raise
+        except KeyboardInterrupt:
+            _fatal("interrupted", 130)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise SystemExit(EXIT_ERROR) from None
+        except Exception as e:  # a bug: report it as such, not as a traceback
+            self._internal_error(e)
+        if failed:
+            raise SystemExit(EXIT_ERROR)
+
+    def _run(self) -> bool:
+        try:
+            chunks, file_extension = self.prepare_input()
+        except OSError as e:
+            _fatal(f"cannot read '{self.get_input_name()}': {e.strerror or e}")
+        except ValueError as e:
+            frontends = ", ".join(sorted(self.available_frontends))
+            _fatal(f"{e} (known: {frontends}; choose one with -f)")
+        try:
+            output = self.prepare_output()
+        except OSError as e:
+            _fatal(f"cannot write '{self.args.output_file}': {e.strerror or e}")
+        failed = False
+        try:
+            for i, (chunk, offset) in enumerate(chunks):
+                if i > 0:
+                    output.write("// -----\n")
+                try:
+                    failed |= not self._process(chunk, file_extension, offset, output)
+                finally:
+                    chunk.close()
+                output.flush()
+        finally:
+            if output is not sys.stdout:
+                output.close()
+        return failed
+
+    def _process(
+        self, chunk: IO[bytes], file_extension: str, offset: int, output: IO[str]
+    ) -> bool:
+        """Parse, verify, transform and emit one chunk; False if it had errors."""
+        timing = TimingReport() if self.args.time_passes else None
+        try:
+            start = time.perf_counter()
+            module = self.parse_chunk(chunk, file_extension, offset)
+            if module is None:
+                return True
+            if not self.args.disable_verify:
+                verify_module(module)
+            if timing is not None:
+                timing.add("(parse)", time.perf_counter() - start)
+            self.pass_manager.timing = timing
+            self.apply_passes(module)
+            start = time.perf_counter()
+            text = self._emit(module)
+            if timing is not None:
+                timing.add("(output)", time.perf_counter() - start)
+            output.write(text)
+            return True
+        except ParseError as e:
+            quiet = self.args.parsing_diagnostics or self.args.verify_diagnostics
+            return self._report(format_exception(e), expected=quiet)
+        except DiagnosticException as e:
+            return self._report(format_exception(e), expected=self.args.verify_diagnostics)
+        except PassCrashError as e:
+            self._internal_error(e.cause, f"pass '{e.pass_name}' crashed")
+        finally:
+            if timing is not None and timing.rows:
+                sys.stdout.flush()
+                sys.stderr.write(timing.format())
+
+    def _emit(self, module: ModuleOp) -> str:
+        try:
+            return self.output_resulting_program(module)
+        except (ImportError, PassUnavailableError) as e:
+            name = parse_spec(self.args.target).name
+            raise DiagnosticException(f"target '{name}' is unavailable: {e}") from e
+        except DiagnosticException:
+            raise
+        except Exception as e:
+            self._internal_error(e, f"target '{parse_spec(self.args.target).name}' crashed")
+
+    def _report(self, text: str, *, expected: bool) -> bool:
+        """Print a diagnostic: to stdout if expected (--verify-diagnostics)."""
+        if expected:
+            sys.stdout.write(text)
+            return True
+        sys.stdout.flush()
+        sys.stderr.write(text)
+        return False
+
+    def _internal_error(self, exc: BaseException, what: str = "internal error") -> NoReturn:
+        sys.stdout.flush()
+        msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
+        sys.stderr.write(format_diagnostic(msg, filename=self.get_input_name()))
+        if os.environ.get("ATTNFUSE_TRACEBACK"):
+            traceback.print_exception(exc, file=sys.stderr)
+        else:
+            sys.stderr.write(
+                "note: this is a bug in AttnFuse or a plugin; "
+                "set ATTNFUSE_TRACEBACK=1 for the Python traceback\n"
+            )
+        raise SystemExit(EXIT_INTERNAL)
+
+
+def _xdsl_pass_names() -> set[str]:
+    from xdsl.transforms import get_all_passes
+
+    return set(get_all_passes())
+
+
+class _ListPassesAction(argparse.Action):
+    """``--list-passes``: print every pass with its one-line summary, then exit."""
+
+    def __init__(self, *args: Any, driver: AttnfuseOptMain, **kwargs: Any) -> None:
+        super().__init__(*args, nargs=0, **kwargs)
+        self.driver = driver
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        passes = self.driver.available_passes
+        xdsl = _xdsl_pass_names()
+        groups = {
+            "AttnFuse": [n for n in PASSES if n in passes],
+            "Plugin and user": sorted(n for n in passes if n not in PASSES and n not in xdsl),
+            "xDSL": sorted(n for n in passes if n in xdsl and n not in PASSES),
+        }
+        width = max(len(n) for n in passes) + 2
+        for title, names in groups.items():
+            if names:
+                print(f"{title} passes:")
+                for n in names:
+                    print(f"  {n:<{width}}{pass_summary(passes[n])}".rstrip())
+        parser.exit()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point (``attnfuse-opt``)."""
+    try:
+        AttnfuseOptMain(args=argv).run()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        _fatal("interrupted", 130)
+    except BrokenPipeError:  # e.g. `attnfuse-opt --list-passes | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(EXIT_ERROR) from None
+    except BaseException as e:  # last resort: never a bare traceback
+        sys.stderr.write(format_diagnostic(f"internal error: {type(e).__name__}: {e}"))
+        if os.environ.get("ATTNFUSE_TRACEBACK"):
+            traceback.print_exception(e, file=sys.stderr)
+        raise SystemExit(EXIT_INTERNAL) from None
+
+
+if __name__ == "__main__":
+    main()
