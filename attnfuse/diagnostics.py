@@ -179,6 +179,15 @@ class LocatingParser(Parser):
         return op
 
 
+def _is_blank(text: str | bytes) -> bool:
+    """Only whitespace and ``//`` comments."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return all(
+        not ln.strip() or ln.strip().startswith("//") for ln in text.splitlines()
+    )
+
+
 def parse_module_with_locations(
     ctx: Context,
     text: str | bytes,
@@ -193,6 +202,10 @@ def parse_module_with_locations(
     Parse errors are raised as xDSL ``ParseError`` with the offset applied.
     """
     parser = LocatingParser(ctx, text, filename, line_offset=line_offset)
+    if _is_blank(text):  # like mlir-opt, empty input is an empty module
+        module = ModuleOp([])
+        _MODULE_LOCATIONS[module] = parser.locations
+        return module, parser.locations
     try:
         module = parser.parse_module(allow_implicit_module)
     except ParseError as e:
@@ -389,6 +402,7 @@ def _short_message(op: Operation, err: BaseException) -> str:
     text = _one_line(str(err)) or type(err).__name__
     text = text.removeprefix("Operation does not verify: ")
     text = text.removeprefix(f"Operation {op.name} ")
+    text = text.removeprefix(f"{op.name}: ")  # dialects often prefix their own name
     if text.startswith(f"'{op.name}'"):
         return text
     return f"'{op.name}' op {text}"

@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from io import BytesIO
 from typing import IO, Any, NoReturn
 
 from xdsl.dialects.builtin import ModuleOp
@@ -58,6 +59,8 @@ from attnfuse.universe import ATTNFUSE_DIALECTS, ATTNFUSE_FRONTENDS, ATTNFUSE_TA
 __all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "AttnfuseOptMain", "main"]
 
 PROG = "attnfuse-opt"
+SPLIT_MARKER = b"// -----"
+"""A line that separates chunks under ``--split-input-file``."""
 EXIT_ERROR = 1
 """Invalid input (parse/verify error), invalid pipeline, or a pass reported failure."""
 EXIT_USAGE = 2
@@ -238,14 +241,35 @@ class AttnfuseOptMain(xDSLOptMain):
         return self.args.input_file or "<stdin>"
 
     def prepare_input(self) -> tuple[list[tuple[IO[bytes], int]], str]:
-        # xDSL rejects unknown extensions even when -f names a frontend; don't.
-        if self.args.frontend and self.args.input_file:
-            ext = os.path.splitext(self.args.input_file)[1].lstrip(".")
-            if ext not in self.available_frontends:
-                self.available_frontends[ext] = self.available_frontends[
-                    parse_spec(self.args.frontend).name
-                ]
-        return super().prepare_input()
+        """Open the input and, with ``--split-input-file``, split it into chunks.
+
+        Unlike xDSL (which splits on ``// -----`` anywhere, even inside a comment),
+        only a line that is exactly ``// -----`` separates chunks, as in mlir-opt.
+        Each chunk comes with the number of lines before it in the file.
+        """
+        stream, ext = self.get_input_stream()
+        if self.args.frontend and ext not in self.available_frontends:
+            # xDSL rejects unknown extensions even when -f names a frontend; we don't.
+            ext = parse_spec(self.args.frontend).name
+        if ext not in self.available_frontends:
+            stream.close()
+            raise ValueError(f"unrecognized file extension '{ext}'")
+        if not self.args.split_input_file:
+            return [(stream, 0)], ext
+        try:
+            lines = stream.read().splitlines(keepends=True)
+        finally:
+            stream.close()
+        chunks: list[tuple[IO[bytes], int]] = []
+        start, current = 0, list[bytes]()
+        for index, line in enumerate(lines):
+            if line.strip() == SPLIT_MARKER:
+                chunks.append((BytesIO(b"".join(current)), start))
+                start, current = index + 1, []
+            else:
+                current.append(line)
+        chunks.append((BytesIO(b"".join(current)), start))
+        return chunks, ext
 
     def parse_chunk(
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0

@@ -32,8 +32,8 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
 from attnfuse.diagnostics import (
     LocatedError,
-    describe_spec_error,
     SourceLocations,
+    describe_spec_error,
     locations_of,
     verify_module,
 )

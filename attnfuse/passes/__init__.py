@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from types import ModuleType
 
 from xdsl.passes import ModulePass
 
@@ -219,38 +220,43 @@ def unregister_pass(name: str) -> None:
     _USER_PASSES.pop(name, None)
 
 
-_LOADED_PLUGINS: dict[str, list[str]] = {}
+def _import_plugin(plugin: str) -> ModuleType:
+    """Import a plugin given as a ``.py`` path or a dotted module name (cached)."""
+    path = Path(plugin)
+    if not (plugin.endswith(".py") or path.exists()):
+        return importlib.import_module(plugin)
+    if not path.is_file():
+        raise PassPluginError(f"pass plugin '{plugin}' does not exist")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    mod_name = f"attnfuse_plugin_{path.stem}_{digest}"
+    if (cached := sys.modules.get(mod_name)) is not None:
+        return cached
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module
 
 
 def load_pass_plugin(plugin: str | os.PathLike[str]) -> list[str]:
     """Import a ``.py`` file or a dotted module and register the passes it defines.
 
-    Every concrete ``ModulePass`` subclass defined in the plugin is registered (the
-    plugin may also call :func:`register_pass` itself). Returns the pass names.
-    Loading the same plugin twice is a no-op.
+    Every concrete ``ModulePass`` subclass defined in the plugin (with a ``name``) is
+    registered; the plugin may also call :func:`register_pass` itself. Returns the
+    pass names. Loading a plugin again re-registers the same classes (a no-op).
     """
-    key = str(plugin)
-    if key in _LOADED_PLUGINS:
-        return _LOADED_PLUGINS[key]
-    path = Path(key)
     try:
-        if key.endswith(".py") or path.exists():
-            if not path.is_file():
-                raise PassPluginError(f"pass plugin '{key}' does not exist")
-            digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
-            mod_name = f"attnfuse_plugin_{path.stem}_{digest}"
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module  # dataclasses look their module up here
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(key)
+        module = _import_plugin(str(plugin))
     except PassPluginError:
         raise
     except Exception as e:
         raise PassPluginError(
-            f"cannot load pass plugin '{key}': {type(e).__name__}: {e}"
+            f"cannot load pass plugin '{plugin}': {type(e).__name__}: {e}"
         ) from e
     names: list[str] = []
     for obj in list(vars(module).values()):
@@ -263,7 +269,6 @@ def load_pass_plugin(plugin: str | os.PathLike[str]) -> list[str]:
         ):
             register_pass(obj)
             names.append(obj.name)
-    _LOADED_PLUGINS[key] = names
     return names
 
 

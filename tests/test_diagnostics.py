@@ -1,0 +1,134 @@
+"""Tests for source locations and MLIR-style diagnostics (attnfuse.diagnostics)."""
+
+from __future__ import annotations
+
+import pytest
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import ModuleOp, i32
+from xdsl.utils.exceptions import ParseError
+from xdsl.utils.lexer import Input, Span
+
+from attnfuse.diagnostics import (
+    VerificationError,
+    error_at,
+    format_diagnostic,
+    format_exception,
+    locations_of,
+    parse_module_with_locations,
+    verify_module,
+)
+from attnfuse.pass_manager import make_context
+
+NESTED = """\
+func.func @outer(%a: i32, %b: i64) -> i32 {
+  %r = "scf.execute_region"() ({
+    %c = "arith.addi"(%a, %b) : (i32, i64) -> i32
+    scf.yield %c : i32
+  }) : () -> i32
+  func.return %r : i32
+}
+"""
+
+
+def test_every_op_gets_its_name_token_location() -> None:
+    module, locs = parse_module_with_locations(make_context(), NESTED, "n.mlir")
+    assert locations_of(module) is locs
+    where = {
+        op.name: (span.get_location().line, span.get_location().col, span.text)
+        for op in module.walk()
+        if (span := locs.get(op)) is not None
+    }
+    assert where["func.func"] == (1, 1, "func.func")
+    assert where["scf.execute_region"] == (2, 8, '"scf.execute_region"')
+    assert where["arith.addi"] == (3, 10, '"arith.addi"')
+    assert where["scf.yield"] == (4, 5, "scf.yield")
+    assert module not in locs  # the implicit module has no source text
+
+
+def test_line_offset_for_chunks() -> None:
+    text = "func.func @f() {\n  func.return\n}\n"
+    module, locs = parse_module_with_locations(make_context(), text, "x.mlir", line_offset=10)
+    ret = next(op for op in module.walk() if op.name == "func.return")
+    span = locs.get(ret)
+    assert span is not None and str(span.get_location()) == "x.mlir:12:3"
+    with pytest.raises(ParseError) as info:
+        parse_module_with_locations(make_context(), "\n\n%x = ", "x.mlir", line_offset=5)
+    assert info.value.span.get_location().line > 5
+
+
+def test_comment_only_input_is_an_empty_module() -> None:
+    module, _ = parse_module_with_locations(make_context(), "// nothing\n\n", "e.mlir")
+    assert isinstance(module, ModuleOp) and not list(module.ops)
+
+
+def test_verifier_error_points_at_innermost_op() -> None:
+    module, _ = parse_module_with_locations(make_context(), NESTED, "n.mlir")
+    with pytest.raises(VerificationError) as info:
+        verify_module(module)
+    assert info.value.op is not None and info.value.op.name == "arith.addi"
+    text = str(info.value)
+    assert text.startswith(
+        "n.mlir:3:10: error: 'arith.addi' op operand 'rhs' at position 1 does not "
+        "verify: attribute i32 expected from variable 'T', but got i64\n"
+    )
+    assert text.splitlines()[1:] == [
+        '    %c = "arith.addi"(%a, %b) : (i32, i64) -> i32',
+        "         ^~~~~~~~~~~~",
+    ]
+
+
+def test_unlocated_op_reported_at_enclosing_op() -> None:
+    text = "func.func @f(%a: i32, %b: i64) -> i32 {\n  func.return %a : i32\n}\n"
+    module, _ = parse_module_with_locations(make_context(), text, "u.mlir")
+    func_op = next(op for op in module.walk() if op.name == "func.func")
+    a, b = func_op.body.block.args
+    bad = arith.AddiOp(a, b, i32)  # created "by a pass": no source location
+    func_op.body.block.insert_op_before(bad, func_op.body.block.first_op)
+    with pytest.raises(VerificationError) as info:
+        verify_module(module, notes=["after pass 'x'"])
+    diag = info.value.diagnostic
+    assert info.value.op is bad
+    assert diag.span is not None and str(diag.span.get_location()) == "u.mlir:1:1"
+    assert any("reported at its enclosing 'func.func'" in n for n in diag.notes)
+    assert diag.notes[-1] == "after pass 'x'"
+
+
+def test_module_without_locations_prints_the_failing_op() -> None:
+    module, _ = parse_module_with_locations(make_context(), NESTED, "n.mlir")
+    clone = module.clone()  # clones carry no locations
+    with pytest.raises(VerificationError) as info:
+        verify_module(clone)
+    assert info.value.diagnostic.span is None
+    assert str(info.value).startswith("error: 'arith.addi' op operand 'rhs'")
+    assert '"arith.addi"' in str(info.value)  # the op itself, printed generically
+
+
+def test_error_at_for_passes() -> None:
+    module, _ = parse_module_with_locations(make_context(), NESTED, "n.mlir")
+    add = next(op for op in module.walk() if op.name == "arith.addi")
+    err = error_at(add, "cannot fuse this", notes=["try -p cse first"])
+    assert format_exception(err) == (
+        "n.mlir:3:10: error: 'arith.addi' op cannot fuse this\n"
+        '    %c = "arith.addi"(%a, %b) : (i32, i64) -> i32\n'
+        "         ^~~~~~~~~~~~\n"
+        "note: try -p cse first\n"
+    )
+
+
+def test_format_diagnostic_keeps_tabs_and_clips_multiline_spans() -> None:
+    inp = Input("\tx = bad\nnext line\n", "t.mlir")
+    out = format_diagnostic("boom", Span(5, 15, inp))
+    assert out == "t.mlir:1:6: error: boom\n\tx = bad\n\t    ^~~\n"
+    assert format_diagnostic("oops", filename="f.attn") == "f.attn: error: oops\n"
+    assert format_diagnostic("warn", severity="warning") == "warning: warn\n"
+
+
+def test_parse_errors_are_formatted_like_mlir() -> None:
+    with pytest.raises(ParseError) as info:
+        parse_module_with_locations(make_context(), "func.func @f() {\n  foo.bar\n}\n", "p.mlir")
+    assert format_exception(info.value).splitlines() == [
+        "p.mlir:2:3: error: Operation foo.bar is not registered "
+        "(use --allow-unregistered-dialect to accept it)",
+        "  foo.bar",
+        "  ^~~~~~~",
+    ]

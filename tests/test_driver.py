@@ -1,0 +1,234 @@
+"""In-process tests for ``attnfuse-opt`` (attnfuse.driver.AttnfuseOptMain)."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from xdsl.universe import Universe
+
+import attnfuse.driver as driver
+from attnfuse.driver import EXIT_ERROR, EXIT_INTERNAL, AttnfuseOptMain, main
+from attnfuse.pass_manager import available_passes, unregister_pass
+
+ROOT = Path(__file__).parent.parent
+PLUGIN = ROOT / "tests" / "filecheck" / "driver" / "Inputs" / "plugin_passes.py"
+DROPOUT = ROOT / "examples" / "dropout.attn"
+
+GOOD = """\
+func.func @f(%a: i32) -> i32 {
+  %b = arith.addi %a, %a : i32
+  %c = arith.addi %a, %a : i32
+  func.return %c : i32
+}
+"""
+BAD_SYNTAX = "func.func @f(%a: i32) -> i32 {\n  %c = arith.addi %a %a : i32\n}\n"
+BAD_TYPES = """\
+func.func @g(%a: i32, %b: i64) -> i32 {
+  %c = "arith.addi"(%a, %b) : (i32, i64) -> i32
+  func.return %c : i32
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry() -> Iterator[None]:
+    before = set(available_passes())
+    yield
+    for name in set(available_passes()) - before:
+        unregister_pass(name)
+
+
+def run(
+    args: Sequence[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """Run the driver in-process: (exit code, stdout, stderr)."""
+    try:
+        AttnfuseOptMain(args=list(args)).run()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def write(tmp_path: Path, text: str, name: str = "x.mlir") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_plain_run_prints_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([write(tmp_path, GOOD), "-p", "cse"], capsys)
+    assert code == 0 and err == ""
+    assert "%b" not in out and "func.return %c : i32" in out
+
+
+def test_parse_error_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, BAD_SYNTAX)
+    code, out, err = run([path], capsys)
+    assert code == EXIT_ERROR and out == ""
+    assert err.splitlines() == [
+        f"{path}:2:22: error: Expected ','",
+        "  %c = arith.addi %a %a : i32",
+        "                     ^~",
+    ]
+
+
+def test_verify_error_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, BAD_TYPES)
+    code, _, err = run([path], capsys)
+    assert code == EXIT_ERROR
+    first = err.splitlines()[0]
+    assert re.fullmatch(re.escape(path) + r":2:8: error: 'arith\.addi' op .* but got i64", first)
+
+
+def test_verify_diagnostics_and_split_offsets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = GOOD + "// -----\n" + BAD_TYPES + "// -----\n" + BAD_SYNTAX
+    path = write(tmp_path, text)
+    code, out, err = run([path, "--split-input-file", "--verify-diagnostics"], capsys)
+    assert code == 0 and err == ""
+    assert out.count("// -----\n") == 2
+    assert f"{path}:8:8: error: 'arith.addi' op" in out
+    assert f"{path}:13:22: error: Expected ','" in out
+    assert "func.func @f" in out  # the valid chunk is still printed
+
+    code, out, err = run([path, "--split-input-file"], capsys)
+    assert code == EXIT_ERROR
+    assert f"{path}:8:8: error" in err and f"{path}:13:22: error" in err  # all chunks
+
+
+def test_stdin_input(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BAD_SYNTAX.encode())))
+    code, _, err = run([], capsys)
+    assert code == EXIT_ERROR and err.startswith("<stdin>:2:22: error: Expected ','")
+
+
+def test_print_ir_after_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([write(tmp_path, GOOD), "-p", "cse,canonicalize", "--print-ir-after-all"], capsys)
+    assert code == 0
+    headers = [ln for ln in err.splitlines() if ln.startswith("// -----//")]
+    assert headers == [
+        "// -----// IR Dump After cse //----- //",
+        "// -----// IR Dump After canonicalize //----- //",
+    ]
+    assert err.count("builtin.module") == 2 and out.count("builtin.module") == 1
+
+
+def test_time_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([write(tmp_path, GOOD), "-p", "cse", "--time-passes"], capsys)
+    assert code == 0
+    names = re.findall(r"%\)  (.*)$", err, re.M)
+    assert names == ["(parse)", "cse", "(verifier)", "(output)", "Total"]
+
+
+def test_pipeline_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, GOOD)
+    code, _, err = run([path, "-p", "canonicalise"], capsys)
+    assert code == EXIT_ERROR
+    assert err.startswith("attnfuse-opt: error: unknown pass 'canonicalise'; did you mean")
+    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-requires-tag"], capsys)
+    assert code == EXIT_ERROR
+    assert "pass 'test-requires-tag' requires 'test-tag-funcs'" in err
+
+
+def test_pass_failures_and_crashes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, GOOD)
+    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-reject"], capsys)
+    assert code == EXIT_ERROR
+    assert err.startswith(f"{path}:2:8: error: 'arith.addi' op rejected by test-reject")
+    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"], capsys)
+    assert code == EXIT_INTERNAL
+    assert "pass 'test-crash' crashed: RuntimeError: boom" in err
+    assert "ATTNFUSE_TRACEBACK=1" in err
+    monkeypatch.setenv("ATTNFUSE_TRACEBACK", "1")
+    with pytest.raises(SystemExit):
+        AttnfuseOptMain(args=[path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"]).run()
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([str(tmp_path / "missing.mlir")], capsys)
+    assert code == EXIT_ERROR and "cannot read" in err and "No such file" in err
+    txt = write(tmp_path, GOOD, "prog.txt")
+    code, _, err = run([txt], capsys)
+    assert code == EXIT_ERROR and "unrecognized file extension 'txt'" in err
+    code, out, _ = run([txt, "-f", "mlir"], capsys)
+    assert code == 0 and "func.func @f" in out
+
+
+def test_output_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "out.mlir"
+    code, out, _ = run([write(tmp_path, GOOD), "-o", str(out_path)], capsys)
+    assert code == 0 and out == "" and "func.func @f" in out_path.read_text()
+
+
+def test_attn_file_and_device(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([str(DROPOUT)], capsys)
+    assert code == 0 and "attn.dropout" in out
+    code, out, _ = run(
+        [str(DROPOUT), "--pass-plugin", str(PLUGIN), "-p", "test-device", "--device", "H200"],
+        capsys,
+    )
+    assert code == 0 and 'test.current_device = "h200"' in out
+
+
+def test_triton_target_defaults_to_the_default_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    monkeypatch.setattr(driver, "DEFAULT_PIPELINE", "cse,canonicalize")
+    opt = AttnfuseOptMain(args=[path, "-t", "triton"])
+    assert opt.pass_manager.pipeline == "cse,canonicalize"
+    assert AttnfuseOptMain(args=[path, "-t", "triton", "-p", ""]).pass_manager.passes == ()
+    assert AttnfuseOptMain(args=[path]).pass_manager.passes == ()
+
+
+def test_help_lists_passes_with_summaries(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    listing = out.split("AttnFuse passes:")[1]
+    for name in ("attn-canonicalize", "rope-fusion", "online-softmax", "mask-tiling"):
+        assert re.search(rf"^  {name} ", listing, re.M)
+    assert re.search(r"^  online-softmax +Rewrite softmax", listing, re.M)
+    assert "--print-ir-after-all" in out and "--device NAME" in out
+
+
+def test_version_and_main(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.startswith("attnfuse-opt ") and "xdsl 0.75" in out
+    with pytest.raises(SystemExit) as info:
+        main([write(tmp_path, BAD_SYNTAX)])
+    assert info.value.code == EXIT_ERROR
+    main([write(tmp_path, GOOD)])
+    assert "func.func @f" in capsys.readouterr().out
+
+
+def test_universe_is_published_for_stock_xdsl_opt() -> None:
+    universe = Universe.get_multiverse()
+    assert {"attn", "tile"} <= universe.all_dialects.keys()
+    assert "rope-fusion" in universe.all_passes
+    assert "triton" in universe.all_targets and "attn" in universe.all_frontends
+    xdsl_opt = shutil.which("xdsl-opt", path=str(Path(sys.executable).parent))
+    assert xdsl_opt is not None
+    proc = subprocess.run(
+        [xdsl_opt, str(DROPOUT), "-p", "online-softmax"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "attn.online_softmax" in proc.stdout
