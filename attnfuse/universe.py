@@ -30,6 +30,12 @@ def _attn_dialect() -> Dialect:
     return Attn
 
 
+def _host_dialect() -> Dialect:
+    from attnfuse.dialects.host import Host
+
+    return Host
+
+
 def _tile_dialect() -> Dialect:
     from attnfuse.dialects.tile import Tile
 
@@ -51,6 +57,7 @@ def _attn_frontend() -> type[Frontend]:
 ATTNFUSE_DIALECTS: dict[str, Callable[[], Dialect]] = {
     "attn": _attn_dialect,
     "tile": _tile_dialect,
+    "host": _host_dialect,
 }
 """Dialect name -> factory."""
 

@@ -1,0 +1,328 @@
+"""The fused forward kernel of an attention program.
+
+One program per (query block of `block_m` rows, batch x query head). Q is loaded (and
+transformed: QK-norm, RoPE) once; the program walks the KV blocks its tile plan allows,
+transforming each K tile after its load when K's transforms are fused, and keeps the
+online-softmax state (running max `m`, sum `l`, fp32 accumulator) in base 2. The KV walk
+has up to three loops: masked tiles before the full ones, full tiles (no mask code) and
+masked tiles after them; a runtime block map instead walks lists of partial and full
+tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import Attribute
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+from attnfuse.program import AttentionProgram, ProgramError
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass
+class BlockMap:
+    """Host buffers of a runtime block map (see `block_map.py`)."""
+
+    partial_count: SSAValue
+    partial_index: SSAValue
+    full_count: SSAValue
+    full_index: SSAValue
+    per_head: bool
+
+
+@dataclass
+class ForwardSpec:
+    """Everything the forward kernel reads and writes, as host values."""
+
+    program: AttentionProgram
+    q: SSAValue
+    k: SSAValue
+    v: SSAValue
+    out: SSAValue
+    lse: SSAValue | None
+    batch: SSAValue
+    q_len: SSAValue
+    kv_len: SSAValue
+    q_transforms: list[RopeOp | QKNormOp]
+    k_transforms: list[RopeOp | QKNormOp]
+    planned_masks: set[MaskOp]
+    inv_freq: object
+    host_table: object
+    block_map: BlockMap | None = None
+    tile_counter: SSAValue | None = None
+    num_warps: int = 4
+    num_stages: int = 3
+    launch: dict[str, Attribute] = field(default_factory=dict)
+
+
+def _dims(value: SSAValue) -> tuple[int, ...]:
+    assert isinstance(value.type, TensorType)
+    return tuple(value.type.get_shape())
+
+
+class ForwardKernel:
+    """Builds the forward `tile.kernel` from a `ForwardSpec`."""
+
+    def __init__(self, spec: ForwardSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        program = spec.program
+        online = program.online
+        assert isinstance(online, OnlineSoftmaxOp)
+        self.online = online
+        self.block_m = online.int_option("block_m") if online.option("block_m") else 128
+        self.block_n = online.int_option("block_n") if online.option("block_n") else 64
+        self.hq, self.hk, self.hv = program.heads
+        self.head_dim = _dims(spec.q)[3]
+        self.v_dim = _dims(spec.v)[3]
+        self.scale = program.scores.scale_value()
+
+        rope_q = next((t for t in spec.q_transforms if isinstance(t, RopeOp)), None)
+        rope_k = next((t for t in spec.k_transforms if isinstance(t, RopeOp)), None)
+        layout_q = partition(rope_q, self.head_dim)
+        layout_k = partition(rope_k, self.head_dim)
+        if rope_q is not None and rope_k is not None and layout_q != layout_k:
+            raise ProgramError(
+                "q and k RoPE fused in one kernel must share style and rotary_dim; "
+                "place one of them in a pre-kernel (rope-fusion{strategy=hybrid})",
+                rope_k,
+            )
+        self.layout = layout_q if rope_q is not None else layout_k
+
+        sig = KernelSignature()
+        self.sig = sig
+        self.q_arg = sig.tensor("Q", spec.q)
+        self.k_arg = sig.tensor("K", spec.k)
+        self.v_arg = sig.tensor("V", spec.v)
+        self.o_arg = sig.tensor("Out", spec.out)
+        self.lse_arg = sig.tensor("LSE", spec.lse) if spec.lse is not None else None
+        side = SideContext(sig, self.head_dim, spec.inv_freq)  # type: ignore[arg-type]
+        self.q_side = SideTransforms(spec.q_transforms, side, "q")
+        self.k_side = SideTransforms(spec.k_transforms, side, "k")
+        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
+        self.sinks_arg = sig.tensor("sinks", online.sinks) if online.sinks is not None else None
+        self.seed_arg = sig.scalar("seed", online.dropout_seed) if online.dropout_seed is not None else None
+        self.map_args: list[TensorArg] = []
+        if spec.block_map is not None:
+            bm = spec.block_map
+            self.map_args = [
+                sig.tensor(n, v)
+                for n, v in (("partial_count", bm.partial_count), ("partial_index", bm.partial_index),
+                             ("full_count", bm.full_count), ("full_index", bm.full_index))
+            ]
+        self.counter_arg = sig.tensor("tile_counter", spec.tile_counter) if spec.tile_counter is not None else None
+        self.batch_arg = sig.scalar("B", spec.batch)
+        self.q_len_arg = sig.scalar("Sq", spec.q_len)
+        self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
+
+    # ------------------------------------------------------------------ build
+
+    def build(self) -> KernelOp:
+        spec = self.spec
+        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        self.b = b
+        bm, bn = self.block_m, self.block_n
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        pid_m = b.program_id(0, name="pid_m")
+        pid_bh = b.program_id(1, name="pid_bh")
+        batch = b.div(pid_bh, self.hq, name="batch")
+        head = b.rem(pid_bh, self.hq, name="head")
+        kv_head = b.div(head, self.hq // self.hk, name="kv_head")
+        v_head = b.div(head, self.hq // self.hv, name="v_head")
+        q_start = b.mul(pid_m, bm, name="q_start")
+        rows = b.add(q_start, b.arange(0, bm), name="rows")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        self.coords = (batch, head, rows, q_len, kv_len)
+
+        q_base = self.q_arg.base(b, batch, head)
+        q_parts = load_parts(b, self.q_arg, q_base, rows, row_ok, self.layout)
+        dtype = self._dtype(spec.q)
+        if spec.q_transforms:
+            q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+        self.q_parts = q_parts
+        self.k_base = self.k_arg.base(b, batch, kv_head)
+        self.v_base = self.v_arg.base(b, batch, v_head)
+        self.seed_bh: SSAValue | None = None
+        if self.seed_arg is not None:
+            assert self.seed_arg.value is not None
+            self.seed_bh = b.add(self.seed_arg.value, b.mul(b.to_i64(pid_bh), 2**32), name="seed_bh")
+
+        dv_pad = _pow2(self.v_dim)
+        if self.sinks_arg is not None:
+            assert self.sinks_arg.ptr is not None
+            sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32)
+            m_i = b.broadcast_to(b.mul(sink, LOG2E), (bm,))
+            m_i = b.name(m_i, "m_i")
+            l_i = b.full((bm,), 1.0, f32, name="l_i")
+        else:
+            m_i = b.full((bm,), float("-inf"), f32, name="m_i")
+            l_i = b.zeros((bm,), f32, name="l_i")
+        acc = b.zeros((bm, dv_pad), f32, name="acc")
+        state = [m_i, l_i, acc]
+
+        if spec.block_map is not None:
+            state = self._walk_block_map(state, batch, head, pid_m)
+        else:
+            for lo, hi, full in self._loop_ranges(q_start, q_len, kv_len):
+                state = self._kv_loop(lo, hi, state, full_tile=full)
+        m_i, l_i, acc = state
+
+        l_safe = b.where(b.eq(l_i, 0.0), 1.0, l_i)
+        out = b.div(acc, b.expand_dims(l_safe, 1), name="out")
+        o_base = self.o_arg.base(b, batch, head)
+        d = b.arange(0, dv_pad)
+        offs = b.add(b.expand_dims(b.mul(rows, self.o_arg.strides[2]), 1),
+                     b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
+        mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+        b.store(o_base, offs, b.cast(out, self._dtype(spec.out)), mask=mask)
+        if self.lse_arg is not None:
+            lse = b.where(b.eq(l_i, 0.0), float("-inf"), b.mul(b.add(m_i, b.log2(l_i)), LN2), name="lse")
+            base = self.lse_arg.base(b, batch, head)
+            b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
+        return b.finish()
+
+    # ------------------------------------------------------------------ KV walk
+
+    def _loop_ranges(self, q_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> list[tuple[Value, Value, bool]]:
+        """[(lo, hi, full)] KV ranges of this q block, from the tile plan."""
+        b, online, bn = self.b, self.online, self.block_n
+        q_last = b.sub(b.minimum(b.add(q_start, self.block_m), q_len), 1, name="q_last")
+        lower, upper = online.option("band_lower"), online.option("band_upper")
+        prefix = online.option("prefix")
+        diag: Value = b.sub(kv_len, q_len, name="diag") if online.str_option("band_align") == "bottom_right" else 0
+        exact = online.int_option("band_exact") == 1
+        kv_end_tiles = b.mul(b.div(kv_len, bn), bn, name="kv_full_end")
+
+        lo: Value = 0
+        full_lo: Value = 0
+        if lower is not None:
+            lo = b.mul(b.div(b.maximum(b.add(b.add(q_start, diag), int(lower)), 0), bn), bn, name="kv_lo")
+            first_full = b.maximum(b.add(b.add(q_last, diag), int(lower)), 0)
+            full_lo = b.mul(b.div(b.add(first_full, bn - 1), bn), bn)
+        hi: Value = kv_len
+        full_hi: Value = kv_end_tiles
+        if upper is not None:
+            band_end = b.maximum(b.add(b.add(q_last, diag), int(upper) + 1), 0)
+            hi = b.minimum(kv_len, band_end)
+            full_end = b.maximum(b.add(b.add(q_start, diag), int(upper) + 1), 0)
+            full_hi = b.mul(b.div(full_end, bn), bn)
+        if prefix is not None:
+            if int(prefix) >= 0:
+                prefix_v: Value = int(prefix)
+            else:
+                mask = next(op for op in self.spec.program.score_ops if isinstance(op, MaskOp) and op.kind_name == "prefix_lm")
+                arg = self.chain.tensors[(self.spec.program.score_ops.index(mask), 0)]
+                assert arg.ptr is not None
+                prefix_v = b.load(arg.ptr, b.mul(self.coords[0], arg.strides[0]), name="prefix_len")
+            prefix_end = b.minimum(prefix_v, kv_len)
+            hi = b.maximum(hi, prefix_end)
+            full_hi = b.maximum(full_hi, b.mul(b.div(prefix_end, bn), bn))
+        hi = b.name(b.add(hi, 0), "kv_hi") if isinstance(hi, int) else hi
+        if not exact:
+            return [(lo, hi, False)]
+        full_hi = b.minimum(full_hi, kv_end_tiles)
+        hi_tiles = b.mul(b.div(b.add(hi, bn - 1), bn), bn)
+        f0 = b.minimum(b.maximum(full_lo, lo), hi_tiles, name="full_lo")
+        f1 = b.minimum(b.maximum(full_hi, f0), hi_tiles, name="full_hi")
+        return [(lo, f0, False), (f0, f1, True), (f1, hi, False)]
+
+    def _kv_loop(self, lo: Value, hi: Value, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
+        b = self.b
+        with b.for_(lo, hi, self.block_n, inits=state, iv_name="start_n") as loop:
+            loop.yield_(*self._tile(loop.iv, list(loop.carried), full_tile=full_tile))
+        return list(loop.results)
+
+    def _walk_block_map(self, state: list[SSAValue], batch: SSAValue, head: SSAValue, pid_m: SSAValue) -> list[SSAValue]:
+        b = self.b
+        assert self.spec.block_map is not None
+        n_blocks_q = b.num_programs(0)
+        map_head: Value = head if self.spec.block_map.per_head else 0
+        map_heads = self.hq if self.spec.block_map.per_head else 1
+        slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), n_blocks_q), pid_m, name="map_slot")
+        for (count_arg, index_arg), full in (((self.map_args[0], self.map_args[1]), False),
+                                             ((self.map_args[2], self.map_args[3]), True)):
+            assert count_arg.ptr is not None and index_arg.ptr is not None
+            count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
+            row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
+            with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
+                kv_block = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name="kv_block")
+                start_n = b.mul(kv_block, self.block_n, name="start_n")
+                loop.yield_(*self._tile(start_n, list(loop.carried), full_tile=full))
+            state = list(loop.results)
+        return state
+
+    def _tile(self, start_n: SSAValue, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
+        """One KV tile of the online softmax; returns the new (m, l, acc)."""
+        b, spec = self.b, self.spec
+        m_i, l_i, acc = state
+        batch, head, rows, q_len, kv_len = self.coords
+        cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
+        col_ok = b.lt(cols, kv_len, name="col_ok")
+        if self.counter_arg is not None:
+            assert self.counter_arg.ptr is not None
+            b.atomic_add(self.counter_arg.ptr, 0, 1)
+
+        k_parts = load_parts(b, self.k_arg, self.k_base, cols, col_ok, self.layout)
+        dtype = self._dtype(spec.k)
+        if spec.k_transforms:
+            k32 = {r: b.cast(t, f32) for r, t in k_parts.items()}
+            k32 = self.k_side.apply(b, k32, self.layout, cols, batch, col_ok)
+            k_parts = {r: b.cast(t, dtype, name=f"k_{r}") for r, t in k32.items()}
+        s: SSAValue | None = None
+        for part in self.layout:
+            s = b.dot(self.q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
+        assert s is not None
+        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
+        if self.spec.program.score_ops:
+            s = b.mul(s, self.scale, name="s")
+            at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+            s = self.chain.apply(b, s, at, full_tile=full_tile)
+            s = b.mul(s, LOG2E, name="s2")
+        else:
+            s = b.mul(s, self.scale * LOG2E, name="s2")
+        if not full_tile:
+            s = b.where(b.expand_dims(col_ok, 0), s, float("-inf"), name="s2")
+
+        m_new = b.maximum(m_i, b.reduce_max(s, 1), name="m_new")
+        m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new, name="m_safe")
+        p = b.exp2(b.sub(s, b.expand_dims(m_safe, 1)), name="p")
+        alpha = b.exp2(b.sub(m_i, m_safe), name="alpha")
+        l_new = b.add(b.mul(l_i, alpha), b.reduce_sum(p, 1), name="l_new")
+        if self.seed_bh is not None:
+            drop = self.online.float_option("dropout_p")
+            counters = b.add(b.expand_dims(b.mul(rows, kv_len), 1), b.expand_dims(cols, 0))
+            u = b.rand(self.seed_bh, counters, name="u")
+            p = b.where(b.ge(u, drop), b.mul(p, 1.0 / (1.0 - drop)), 0.0, name="p_dropped")
+        d = b.arange(0, _pow2(self.v_dim))
+        v_offs = b.add(b.expand_dims(b.mul(cols, self.v_arg.strides[2]), 1),
+                       b.expand_dims(b.mul(d, self.v_arg.strides[3]), 0))
+        v_mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+        v = b.load(self.v_base, v_offs, mask=v_mask, other=0.0, name="v")
+        acc = b.mul(acc, b.expand_dims(alpha, 1))
+        acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
+        return [m_new, l_new, acc]
+
+    @staticmethod
+    def _dtype(value: SSAValue) -> Attribute:
+        assert isinstance(value.type, TensorType)
+        return value.type.element_type
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << math.ceil(math.log2(n)))
+
+

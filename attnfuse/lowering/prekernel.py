@@ -1,0 +1,56 @@
+"""Pre-kernels: Q or K transforms (QK-norm, RoPE) run once over the whole tensor.
+
+Used for transforms that `rope-fusion` placed in a `prekernel`: one program per
+(block of rows, batch x head) loads its rows, applies the transforms in fp32 and writes
+them, in the input dtype, into a new buffer that the attention kernel then reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import Attribute, SSAValue
+
+from attnfuse.dialects.attn import QKNormOp, RopeOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition, store_parts
+from attnfuse.lowering.signature import KernelSignature
+
+ROWS_PER_PROGRAM = 64
+
+
+def build_prekernel(
+    name: str,
+    source: SSAValue,
+    target: SSAValue,
+    transforms: list[RopeOp | QKNormOp],
+    batch: SSAValue,
+    seq_len: SSAValue,
+    inv_freq: Callable[[RopeOp], SSAValue],
+    launch: dict[str, Attribute],
+) -> tuple[KernelOp, list[SSAValue]]:
+    """The kernel and its launch operands (grid: cdiv(S, 64) x B*H)."""
+    assert isinstance(source.type, TensorType)
+    heads, head_dim = source.type.get_shape()[1], source.type.get_shape()[3]
+    sig = KernelSignature()
+    src = sig.tensor("X", source)
+    dst = sig.tensor("Y", target)
+    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq), "x")
+    sig.scalar("B", batch)
+    seq = sig.scalar("S", seq_len)
+    b = sig.start(name, num_warps=4, num_stages=1, launch=launch)
+    rope = next((t for t in transforms if isinstance(t, RopeOp)), None)
+    layout = partition(rope, head_dim)
+    pid_s = b.program_id(0, name="pid_s")
+    pid_bh = b.program_id(1, name="pid_bh")
+    batch_index = b.div(pid_bh, heads, name="batch")
+    head = b.rem(pid_bh, heads, name="head")
+    rows = b.add(b.mul(pid_s, ROWS_PER_PROGRAM), b.arange(0, ROWS_PER_PROGRAM), name="rows")
+    assert seq.value is not None
+    row_ok = b.lt(rows, seq.value, name="row_ok")
+    parts = load_parts(b, src, src.base(b, batch_index, head), rows, row_ok, layout)
+    parts32 = {r: b.cast(t, f32) for r, t in parts.items()}
+    parts32 = side.apply(b, parts32, layout, rows, batch_index, row_ok)
+    store_parts(b, dst, dst.base(b, batch_index, head), rows, row_ok, layout, parts32)
+    return b.finish(), sig.host_operands()

@@ -1,0 +1,206 @@
+"""Q/K rows in the kernel: head-dim partitions, loads, QK-norm and RoPE on tiles.
+
+RoPE pairs dimension `i` with a partner (`i + rd/2` in the half style, `i ^ 1` in the
+interleaved one). Instead of permuting registers, a side is loaded as up to three column
+*parts*: `a` (first of each pair), `b` (their partners) and `rest` (dims not rotated).
+The rotation is then elementwise (`a' = a cos - b sin`, `b' = b cos + a sin`) and the
+QK^T product is the sum of one dot per part, which is the same sum over head_dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects.attn import QKNormOp, RopeOp
+from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+
+def padded(width: int) -> int:
+    """Tile width for `width` columns: a power of two, at least 16 (tl.dot minimum)."""
+    size = 16
+    while size < width:
+        size *= 2
+    return size
+
+
+@dataclass(frozen=True)
+class Part:
+    """Head-dim columns `start + step * i` for `i < width`."""
+
+    role: str
+    start: int
+    step: int
+    width: int
+
+    @property
+    def tile_width(self) -> int:
+        return padded(self.width)
+
+    def columns(self, b: TileBuilder) -> tuple[SSAValue, SSAValue]:
+        """(column index [W], in-range mask [W]) of this part."""
+        i = b.arange(0, self.tile_width, name=f"d_{self.role}")
+        cols = b.add(b.mul(i, self.step), self.start) if (self.step, self.start) != (1, 0) else i
+        return cols, b.lt(i, self.width)
+
+
+def partition(rope: RopeOp | None, head_dim: int) -> tuple[Part, ...]:
+    """The parts a side is loaded as (one part when nothing is rotated in the kernel)."""
+    if rope is None:
+        return (Part("all", 0, 1, head_dim),)
+    rd = rope.rotary_width()
+    half = rd // 2
+    if rope.str_option("style") == "half":
+        parts = [Part("a", 0, 1, half), Part("b", half, 1, half)]
+    else:
+        parts = [Part("a", 0, 2, half), Part("b", 1, 2, half)]
+    if rd < head_dim:
+        parts.append(Part("rest", rd, 1, head_dim - rd))
+    return tuple(parts)
+
+
+def same_partition(p: tuple[Part, ...], q: tuple[Part, ...]) -> bool:
+    return p == q
+
+
+@dataclass
+class SideContext:
+    """What transforms of one side need at kernel-build time."""
+
+    sig: KernelSignature
+    head_dim: int
+    inv_freq: Callable[[RopeOp], SSAValue]
+    """Host constant of a rope's (scaled) inverse frequencies, [rotary_dim / 2] f32."""
+    batch_index: SSAValue | None = None
+
+
+class SideTransforms:
+    """Declares the kernel arguments of a side's transforms, then applies them."""
+
+    def __init__(self, transforms: list[RopeOp | QKNormOp], ctx: SideContext, prefix: str) -> None:
+        self.transforms = transforms
+        self.ctx = ctx
+        self.weights: dict[int, TensorArg] = {}
+        self.positions: dict[int, TensorArg] = {}
+        self.freqs: dict[int, TensorArg] = {}
+        for n, op in enumerate(transforms):
+            if isinstance(op, QKNormOp) and op.weight is not None:
+                self.weights[n] = ctx.sig.tensor(f"{prefix}_norm_w{n}", op.weight)
+            if isinstance(op, RopeOp):
+                self.freqs[n] = ctx.sig.tensor(f"{prefix}_inv_freq{n}", ctx.inv_freq(op))
+                if op.positions is not None:
+                    self.positions[n] = ctx.sig.tensor(f"{prefix}_pos{n}", op.positions)
+
+    def apply(
+        self, b: TileBuilder, parts: dict[str, SSAValue], layout: tuple[Part, ...], rows: SSAValue,
+        batch: Value, row_mask: SSAValue,
+    ) -> dict[str, SSAValue]:
+        """Apply the transforms, in order, to fp32 parts of rows `rows` ([R] i32)."""
+        for n, op in enumerate(self.transforms):
+            if isinstance(op, QKNormOp):
+                parts = self._qk_norm(b, n, op, parts, layout)
+            else:
+                parts = self._rope(b, n, op, parts, rows, batch, row_mask)
+        return parts
+
+    def _qk_norm(
+        self, b: TileBuilder, n: int, op: QKNormOp, parts: dict[str, SSAValue], layout: tuple[Part, ...]
+    ) -> dict[str, SSAValue]:
+        total: SSAValue | None = None
+        for x in parts.values():
+            sq = b.reduce_sum(b.mul(x, x), 1)
+            total = sq if total is None else b.add(total, sq)
+        assert total is not None
+        inv_rms = b.rsqrt(b.add(b.div(total, float(self.ctx.head_dim)), op.float_option("eps")), name="inv_rms")
+        scale_rows = b.expand_dims(inv_rms, 1)
+        out: dict[str, SSAValue] = {}
+        for part in layout:
+            x = b.mul(parts[part.role], scale_rows)
+            if n in self.weights:
+                cols, in_range = part.columns(b)
+                w_arg = self.weights[n]
+                assert w_arg.ptr is not None
+                w = b.load(w_arg.ptr, b.mul(cols, w_arg.strides[0]), mask=in_range, other=0.0)
+                w = b.add(b.cast(w, f32), op.float_option("weight_offset"))
+                x = b.mul(x, b.expand_dims(w, 0))
+            out[part.role] = x
+        return out
+
+    def _rope(
+        self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
+        batch: Value, row_mask: SSAValue,
+    ) -> dict[str, SSAValue]:
+        if n in self.positions:
+            pos_arg = self.positions[n]
+            assert pos_arg.ptr is not None
+            if pos_arg.rank == 1:
+                offs = b.mul(rows, pos_arg.strides[0])
+                ptr = pos_arg.ptr
+            else:
+                ptr = pos_arg.base(b, batch)
+                offs = b.mul(rows, pos_arg.strides[1])
+            positions = b.cast(b.load(ptr, offs, mask=row_mask, other=0), f32, name="pos")
+        else:
+            positions = b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
+        half = op.rotary_width() // 2
+        freq_arg = self.freqs[n]
+        assert freq_arg.ptr is not None
+        width = parts["a"].type
+        assert isinstance(width, TensorType)
+        i = b.arange(0, width.get_shape()[1])
+        freq = b.load(freq_arg.ptr, b.mul(i, freq_arg.strides[0]), mask=b.lt(i, half), other=0.0)
+        angle = b.mul(b.expand_dims(positions, 1), b.expand_dims(freq, 0), name="angle")
+        cos, sin = b.cos(angle, name="cos"), b.sin(angle, name="sin")
+        if op.str_option("scaling") == "yarn":
+            factor = _yarn_attention_factor(op)
+            cos, sin = b.mul(cos, factor), b.mul(sin, factor)
+        a, bb = parts["a"], parts["b"]
+        out = dict(parts)
+        out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
+        out["b"] = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
+        return out
+
+
+def _yarn_attention_factor(op: RopeOp) -> float:
+    import math
+
+    given = op.option("attention_factor")
+    if given is not None:
+        return float(given)
+    factor = op.float_option("factor")
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def load_parts(
+    b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue,
+    layout: tuple[Part, ...], *, row_dim: int = 2, col_dim: int = 3,
+) -> dict[str, SSAValue]:
+    """Load rows `rows` of a [.., S, D] tensor as the parts of `layout`."""
+    out: dict[str, SSAValue] = {}
+    row_offs = b.expand_dims(b.mul(rows, arg.strides[row_dim]), 1)
+    row_ok = b.expand_dims(row_mask, 1)
+    for part in layout:
+        cols, in_range = part.columns(b)
+        offs = b.add(row_offs, b.expand_dims(b.mul(cols, arg.strides[col_dim]), 0))
+        mask = b.and_(row_ok, b.expand_dims(in_range, 0))
+        out[part.role] = b.load(base, offs, mask=mask, other=0.0, name=f"{arg.name}_{part.role}")
+    return out
+
+
+def store_parts(
+    b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue,
+    layout: tuple[Part, ...], parts: dict[str, SSAValue],
+) -> None:
+    """Store parts (cast to the tensor's element type) into rows of a [.., S, D] tensor."""
+    assert isinstance(arg.host.type, TensorType)
+    row_offs = b.expand_dims(b.mul(rows, arg.strides[2]), 1)
+    row_ok = b.expand_dims(row_mask, 1)
+    for part in layout:
+        cols, in_range = part.columns(b)
+        offs = b.add(row_offs, b.expand_dims(b.mul(cols, arg.strides[3]), 0))
+        mask = b.and_(row_ok, b.expand_dims(in_range, 0))
+        b.store(base, offs, b.cast(parts[part.role], arg.host.type.element_type), mask=mask)

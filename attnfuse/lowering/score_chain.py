@@ -1,0 +1,163 @@
+"""Lower the score ops between `attn.scores` and the softmax onto an S tile.
+
+Every op is elementwise on the [BM, BN] fp32 tile of logits: bias (ALiBi slopes or a
+broadcast bias tensor), softcap, masks (as `where(keep, s, -inf)`) and score_mod regions.
+Masks that the tile plan covers are left out of tiles known to be full.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.dialects.attn import BiasOp, MaskOp, ScoreModOp, SoftcapOp
+from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.regions import lower_region
+from attnfuse.lowering.signature import KernelSignature, ScalarArg, TensorArg
+
+
+@dataclass
+class TileCoords:
+    """Where an S tile sits: batch/head scalars, row and column index tiles."""
+
+    batch: SSAValue
+    head: SSAValue
+    rows: SSAValue  # [BM] i32
+    cols: SSAValue  # [BN] i32
+    q_len: SSAValue
+    kv_len: SSAValue
+    valid: SSAValue  # [BM, BN] i1: in bounds
+
+    def diag(self, b: TileBuilder, align: str) -> Value:
+        return b.sub(self.kv_len, self.q_len) if align == "bottom_right" else 0
+
+
+def alibi_slopes(heads: int, max_bias: float) -> list[float]:
+    """Standard ALiBi slopes (Press et al.), generalised to any max_bias and head count."""
+    def power_of_two(n: int) -> list[float]:
+        base = 2.0 ** (-max_bias / n)
+        return [base ** (i + 1) for i in range(n)]
+
+    closest = 2 ** int(math.floor(math.log2(heads)))
+    slopes = power_of_two(closest)
+    if closest != heads:
+        slopes += power_of_two(2 * closest)[0::2][: heads - closest]
+    return slopes
+
+
+class ScoreChain:
+    """Declares what the score ops read, then applies them to S tiles."""
+
+    def __init__(
+        self,
+        ops: list[Operation],
+        sig: KernelSignature,
+        host_table: Callable[[list[float]], SSAValue],
+        planned: set[MaskOp],
+    ) -> None:
+        self.ops = ops
+        self.planned = planned
+        self.tensors: dict[tuple[int, int], TensorArg] = {}
+        self.captures: dict[int, list[TensorArg | ScalarArg]] = {}
+        for n, op in enumerate(ops):
+            if isinstance(op, BiasOp):
+                if op.kind_name == "tensor":
+                    self.tensors[(n, 0)] = sig.tensor(f"bias{n}", op.bias[0])
+                else:
+                    heads = op.scores_type().dims[1]
+                    host = op.slopes if op.slopes is not None else host_table(
+                        alibi_slopes(heads, op.float_option("max_bias"))
+                    )
+                    self.tensors[(n, 0)] = sig.tensor(f"alibi_slopes{n}", host)
+            elif isinstance(op, MaskOp) and op.kind_name in ("document", "prefix_lm"):
+                for i, arg in enumerate(op.args):
+                    self.tensors[(n, i)] = sig.tensor(f"mask{n}_arg{i}", arg)
+            elif isinstance(op, (MaskOp, ScoreModOp)):
+                values = op.args if isinstance(op, MaskOp) else op.captures
+                caps: list[TensorArg | ScalarArg] = []
+                for i, v in enumerate(values):
+                    if hasattr(v.type, "get_shape"):
+                        caps.append(sig.tensor(f"capture{n}_{i}", v))
+                    else:
+                        caps.append(sig.scalar(f"capture{n}_{i}", v))
+                self.captures[n] = caps
+
+    def apply(self, b: TileBuilder, s: SSAValue, at: TileCoords, *, full_tile: bool) -> SSAValue:
+        """Run the chain on `s`; in a full tile, planned masks are skipped."""
+        for n, op in enumerate(self.ops):
+            if isinstance(op, MaskOp):
+                if full_tile and op in self.planned:
+                    continue
+                keep = self.keep(b, n, op, at)
+                s = b.where(keep, s, float("-inf"), name="s_masked")
+            elif isinstance(op, SoftcapOp):
+                cap = op.float_option("cap")
+                s = b.mul(b.tanh(b.mul(s, 1.0 / cap)), cap, name="s_capped")
+            elif isinstance(op, BiasOp):
+                s = b.add(s, self._bias(b, n, op, at), name="s_biased")
+            elif isinstance(op, ScoreModOp):
+                args = [s, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
+                s = b.cast(lower_region(b, op.body.block, args, self.captures[n], at.valid), f32)
+        return s
+
+    def _bias(self, b: TileBuilder, n: int, op: BiasOp, at: TileCoords) -> SSAValue:
+        arg = self.tensors[(n, 0)]
+        assert arg.ptr is not None
+        if op.kind_name == "alibi":
+            slope = b.cast(b.load(arg.ptr, b.mul(at.head, arg.strides[0])), f32, name="slope")
+            distance = b.sub(b.expand_dims(at.cols, 0), b.expand_dims(at.rows, 1))
+            return b.mul(b.cast(distance, f32), slope)
+        base = arg.base(b, at.batch, at.head)
+        offs = b.add(
+            b.expand_dims(b.mul(at.rows, arg.strides[2]), 1),
+            b.expand_dims(b.mul(at.cols, arg.strides[3]), 0),
+        )
+        return b.cast(b.load(base, offs, mask=at.valid, other=0.0), f32, name="bias")
+
+    def keep(self, b: TileBuilder, n: int, op: MaskOp, at: TileCoords) -> SSAValue:
+        """The i1 [BM, BN] tile of elements a mask keeps."""
+        q = b.expand_dims(at.rows, 1)
+        kv = b.expand_dims(at.cols, 0)
+        kind = op.kind_name
+        if kind in ("causal", "sliding_window"):
+            shifted = b.add(q, at.diag(b, op.str_option("align")))
+            conds: list[SSAValue] = []
+            if kind == "causal":
+                conds.append(b.le(kv, shifted))
+            else:
+                if op.option("left") is not None:
+                    conds.append(b.ge(kv, b.sub(shifted, op.int_option("left"))))
+                if op.option("right") is not None:
+                    conds.append(b.le(kv, b.add(shifted, op.int_option("right"))))
+            keep = conds[0]
+            for c in conds[1:]:
+                keep = b.and_(keep, c)
+            return b.name(keep, "keep")
+        if kind == "document":
+            q_ids = self.tensors[(n, 0)]
+            kv_ids = self.tensors.get((n, 1), q_ids)
+            row_ok = b.lt(at.rows, at.q_len)
+            col_ok = b.lt(at.cols, at.kv_len)
+            qi = b.load(q_ids.base(b, at.batch), b.mul(at.rows, q_ids.strides[1]), mask=row_ok, other=-1)
+            ki = b.load(kv_ids.base(b, at.batch), b.mul(at.cols, kv_ids.strides[1]), mask=col_ok, other=-2)
+            return b.eq(b.expand_dims(qi, 1), b.expand_dims(ki, 0), name="same_doc")
+        if kind == "prefix_lm":
+            if op.args:
+                arg = self.tensors[(n, 0)]
+                assert arg.ptr is not None
+                prefix: Value = b.load(arg.ptr, b.mul(at.batch, arg.strides[0]), name="prefix")
+            else:
+                prefix = op.int_option("prefix")
+            return b.or_(b.le(kv, q), b.lt(kv, prefix), name="keep")
+        args = [at.batch, at.head, q, kv]
+        keep = lower_region(b, op.predicate.block, args, self.captures[n], at.valid)
+        return b.broadcast_to(keep, (len_of(at.rows), len_of(at.cols)))
+
+
+def len_of(tile: SSAValue) -> int:
+    shape = tile.type.get_shape()  # type: ignore[attr-defined]
+    return int(shape[0])

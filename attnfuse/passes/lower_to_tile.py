@@ -1,0 +1,242 @@
+"""`lower-to-tile`: attention programs -> `tile.kernel`s + host launch code.
+
+Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
+`mask-tiling`). For each attention function it builds
+
+* a pre-kernel per side whose transforms were placed in a `prekernel`,
+* a block-map kernel when the tile plan asks for a runtime block map,
+* the fused forward kernel (see `attnfuse.lowering.forward`),
+
+and rewrites the function body into host code (`host.dim`, `host.alloc`,
+`host.launch`) that the runtime executes. Constant tables (RoPE inverse frequencies,
+ALiBi slopes) become `arith.constant` tensors of the host code.
+
+```mlir
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>, %v: tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16> {
+  %b = host.dim %q[0] : tensor<?x8x?x64xf16>
+  ...
+  host.launch @f_fwd[%grid_m, %grid_bh, %one] (%q, %k, %v, %out, %b, %sq, %skv) : ...
+  func.return %out : tensor<?x8x?x64xf16>
+}
+tile.kernel @f_fwd(...) { ... }
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.builder import Builder
+from xdsl.context import Context
+from xdsl.dialects import arith, func
+from xdsl.dialects.builtin import (
+    DenseIntOrFPElementsAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    TensorType,
+    f32,
+    i32,
+)
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint
+
+from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
+from attnfuse.dialects.host import AllocOp, DimOp, LaunchOp
+from attnfuse.lowering.block_map import build_block_map
+from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
+from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
+from attnfuse.passes.mask_tiling import effective_masks
+from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
+
+
+def rope_inverse_frequencies(op: RopeOp) -> list[float]:
+    """The (scaled) inverse frequencies of a rope op, computed as the reference does."""
+    from attnfuse.reference.rope import RopeParams, inverse_frequencies
+
+    attention_factor = op.option("attention_factor")
+    params = RopeParams(
+        rotary_dim=op.rotary_width(),
+        theta=op.float_option("theta"),
+        style=op.str_option("style"),
+        scaling=op.str_option("scaling"),
+        factor=op.float_option("factor"),
+        low_freq_factor=op.float_option("low_freq_factor"),
+        high_freq_factor=op.float_option("high_freq_factor"),
+        original_max_position=op.int_option("original_max_position"),
+        beta_fast=op.float_option("beta_fast"),
+        beta_slow=op.float_option("beta_slow"),
+        truncate=op.int_option("truncate"),
+        attention_factor=None if attention_factor is None else float(attention_factor),
+    )
+    return [float(x) for x in inverse_frequencies(params)]
+
+
+class HostCode:
+    """Appends host ops before the first op of an attention function."""
+
+    def __init__(self, function: func.FuncOp) -> None:
+        first = function.body.block.first_op
+        assert first is not None
+        self.builder = Builder(InsertPoint.before(first))
+        self.tables: dict[tuple[float, ...], SSAValue] = {}
+
+    def emit(self, op: Operation, name: str | None = None) -> SSAValue:
+        self.builder.insert(op)
+        if op.results and name:
+            op.results[0].name_hint = name
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def const(self, value: int, name: str | None = None) -> SSAValue:
+        return self.emit(arith.ConstantOp(IntegerAttr(value, i32)), name)
+
+    def table(self, values: Sequence[float]) -> SSAValue:
+        key = tuple(values)
+        if key not in self.tables:
+            ty = TensorType(f32, [len(values)])
+            attr = DenseIntOrFPElementsAttr.from_list(ty, list(values))
+            self.tables[key] = self.emit(arith.ConstantOp(attr), "table")
+        return self.tables[key]
+
+    def cdiv(self, a: SSAValue, block: int, name: str) -> SSAValue:
+        return self.emit(arith.CeilDivSIOp(a, self.const(block)), name)
+
+    def mul(self, a: SSAValue, factor: int, name: str) -> SSAValue:
+        return self.emit(arith.MuliOp(a, self.const(factor)), name)
+
+    def alloc(self, ty: Attribute, sizes: list[SSAValue], name: str, *, zero: bool = False) -> SSAValue:
+        op = AllocOp.build(operands=[sizes], result_types=[ty], properties={"zero": None})
+        if zero:
+            from xdsl.dialects.builtin import UnitAttr
+
+            op.properties["zero"] = UnitAttr()
+        return self.emit(op, name)
+
+    def launch(self, kernel: str, grid: Sequence[SSAValue], args: Sequence[SSAValue]) -> None:
+        self.emit(LaunchOp.build(
+            operands=[grid[0], grid[1], grid[2], list(args)],
+            properties={"kernel": SymbolRefAttr(kernel)},
+        ))
+
+
+def _in_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
+    return [t for t in transforms if t.str_option("placement") != "prekernel"]
+
+
+def _pre_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
+    return [t for t in transforms if t.str_option("placement") == "prekernel"]
+
+
+@dataclass(frozen=True)
+class LowerToTilePass(ModulePass):
+    """Build the kernels and the host launch code of every attention function."""
+
+    name = "lower-to-tile"
+    requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
+
+    num_warps: int = 4
+    num_stages: int = 3
+    count_tiles: bool = False
+    """Debug: count visited KV tiles in a buffer returned as an extra function result."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for function in find_functions(op):
+            program = analyze(function)
+            if program.online is None:
+                raise ProgramError("lower-to-tile runs after online-softmax", program.scores)
+            if program.online.option("block_m") is None:
+                raise ProgramError("lower-to-tile runs after mask-tiling", program.online)
+            for kernel in self._lower(program):
+                op.body.block.add_op(kernel)
+
+    def _lower(self, program: AttentionProgram) -> list[Operation]:
+        function = program.func
+        fname = function.sym_name.data
+        args = function.args
+        host = HostCode(function)
+        q, k, v = args[program.q.arg_index], args[program.k.arg_index], args[program.v_arg]
+        batch = host.emit(DimOp(q, 0), "batch")
+        q_len = host.emit(DimOp(q, 2), "q_len")
+        kv_len = host.emit(DimOp(k, 2), "kv_len")
+        one = host.const(1, "one")
+        kernels: list[Operation] = []
+
+        def inv_freq(rope: RopeOp) -> SSAValue:
+            return host.table(rope_inverse_frequencies(rope))
+
+        q_in, k_in = q, k
+        for side, source, seq, tag in ((program.q, q, q_len, "q"), (program.k, k, kv_len, "k")):
+            pre = _pre_kernel(side.transforms)
+            if not pre:
+                continue
+            assert isinstance(source.type, TensorType)
+            target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+            name = f"{fname}_{tag}_prologue"
+            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {})
+            heads = source.type.get_shape()[1]
+            grid = [host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s"), host.mul(batch, heads, f"{tag}_grid_bh"), one]
+            host.launch(name, grid, operands)
+            kernels.append(kernel)
+            if tag == "q":
+                q_in = target
+            else:
+                k_in = target
+
+        online = program.online
+        assert isinstance(online, OnlineSoftmaxOp)
+        block_m = online.int_option("block_m")
+        hq = program.heads[0]
+        out = host.alloc(online.output.type, [batch, q_len], "out")
+        lse = None
+        if online.lse is not None and program.lse_index is not None:
+            lse = host.alloc(online.lse.type, [batch, q_len], "lse")
+        planned = set(effective_masks(program.score_ops)) if (
+            online.int_option("band_exact") or online.str_option("block_map") == "runtime"
+        ) else set()
+        block_map: BlockMap | None = None
+        if online.str_option("block_map") == "runtime":
+            block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
+            kernels.append(map_kernel)
+        counter = host.alloc(TensorType(i32, [1]), [], "tile_count", zero=True) if self.count_tiles else None
+        spec = ForwardSpec(
+            program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
+            kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
+            k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
+            inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
+            num_warps=self.num_warps, num_stages=self.num_stages,
+            launch={"role": StringAttr("forward")},
+        )
+        forward = ForwardKernel(spec, f"{fname}_fwd")
+        kernels.append(forward.build())
+        grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
+        host.launch(f"{fname}_fwd", grid, forward.sig.host_operands())
+
+        ret = function.body.block.last_op
+        assert isinstance(ret, func.ReturnOp)
+        results = [out] + ([lse] if lse is not None else [])
+        if program.lse_index == 0:
+            results.reverse()
+        if counter is not None:
+            results.append(counter)
+            function.function_type = func.FunctionType.from_lists(
+                function.function_type.inputs.data, [*function.function_type.outputs.data, counter.type]
+            )
+        new_ret = func.ReturnOp(*results)
+        host.builder.insert(new_ret)
+        # Everything after the new return is the attention program: drop it.
+        dead: list[Operation] = []
+        node = new_ret.next_op
+        while node is not None:
+            dead.append(node)
+            node = node.next_op
+        for old in reversed(dead):
+            old.detach()
+            old.erase(safe_erase=False)
+        return kernels
+
+
+__all__ = ["LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]
