@@ -60,6 +60,7 @@ from attnfuse.dialects.attn_types import (
     ProbsType,
     ScoresType,
     dims_compatible,
+    format_dims,
     int_tensor,
     qkv_shape,
     vector_shape,
@@ -523,7 +524,7 @@ class SoftmaxOp(AttnSyntaxOp):
         assert isinstance(self.input.type, ScoresType) and isinstance(self.output.type, ProbsType)
         dims = self.input.type.dims
         if self.output.type.dims != dims:
-            raise VerifyException(f"attn.softmax: result must be !attn.probs with dims {dims}")
+            raise VerifyException(f"attn.softmax: result must be !attn.probs with dims {format_dims(dims)}")
         if self.sinks is not None:
             vector_shape(self.sinks.type, "attn.softmax sinks", dims[1])
         if self.lse is not None:
@@ -532,7 +533,7 @@ class SoftmaxOp(AttnSyntaxOp):
                 raise VerifyException("attn.softmax: lse must be tensor<BxHxSqxf32>")
             for got, want in zip(ty.get_shape(), dims[:3]):
                 if not dims_compatible(got, want):
-                    raise VerifyException(f"attn.softmax: lse shape must be {dims[:3]}")
+                    raise VerifyException(f"attn.softmax: lse shape must be {format_dims(dims[:3])}")
 
 
 @irdl_op_definition
@@ -602,7 +603,7 @@ class WeightedSumOp(AttnSyntaxOp):
         for got, want in ((ob, b), (oh, h), (osq, _sq), (od, dv)):
             if not dims_compatible(got, want):
                 raise VerifyException(
-                    f"attn.weighted_sum: result must be [{b}, {h}, {_sq}, {dv}] (? = dynamic)"
+                    f"attn.weighted_sum: result must be {format_dims((b, h, _sq, dv))}"
                 )
 
 

@@ -12,10 +12,12 @@ to a query tensor, and `attn.weighted_sum` only accepts probabilities.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     ArrayAttr,
     BFloat16Type,
     Float16Type,
@@ -37,8 +39,8 @@ from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-DYNAMIC = -1
-"""Marker of a dynamic (`?`) dimension."""
+DYNAMIC = DYNAMIC_INDEX
+"""Marker of a dynamic (`?`) dimension: xDSL's own (`TensorType.get_shape()` gives it for `?`)."""
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
 
@@ -68,7 +70,13 @@ class _LogitsShapeType(ParametrizedAttribute, TypeAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
+            start = parser.pos
             dims, element_type = parser.parse_ranked_shape()
+            # Checked here too (not only in verify) so the error points at the type.
+            if len(dims) != 4 or not isinstance(element_type, Float32Type):
+                parser.raise_error(
+                    f"{cls.name} must be <BxHxSqxSkvxf32> (4 dims, f32)", start, parser.pos
+                )
         return (ArrayAttr(IntAttr(DYNAMIC if d < 0 else d) for d in dims), element_type)
 
     def print_parameters(self, printer: Printer) -> None:
@@ -93,6 +101,11 @@ class ProbsType(_LogitsShapeType):
 
 
 # --------------------------------------------------------------------------- shapes
+
+
+def format_dims(dims: Sequence[int]) -> str:
+    """`[?, 8, ?, 64]`: a shape for messages, dynamic dims as `?`."""
+    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in dims) + "]"
 
 
 def dims_compatible(a: int, b: int) -> bool:
@@ -120,6 +133,8 @@ def qkv_shape(value_type: Attribute, what: str) -> tuple[int, int, int, int]:
     for name, d in (("heads", shape[1]), ("head_dim", shape[3])):
         if d == DYNAMIC:
             raise VerifyException(f"{what} {name} dim must be static")
+        if d < 1:
+            raise VerifyException(f"{what} {name} dim must be positive, got {d}")
     return shape[0], shape[1], shape[2], shape[3]
 
 
@@ -240,6 +255,12 @@ def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> di
                     f"option '{key}' expects an integer, got {number}", value_start, parser.pos
                 )
             value = -number if negative else number
+            if isinstance(value, float) and not math.isfinite(value):
+                parser.raise_error(f"option '{key}' must be finite", value_start, parser.pos)
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                parser.raise_error(
+                    f"option '{key}' is out of the i64 range", value_start, parser.pos
+                )
         result[key] = option.to_attr(value)
         if parser.parse_optional_punctuation("}") is not None:
             return result
