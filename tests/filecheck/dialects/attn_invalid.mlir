@@ -1,0 +1,1156 @@
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+// One case per verifier / parser error of the attn dialect: each chunk has exactly one
+// error, checked with its exact message, the source line and the caret under the
+// reported token (the op name for verifier errors, the offending token for syntax errors).
+
+// scores type must be rank 4
+func.func @f(%s: !attn.scores<?x8x?xf32>) {
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:31: error: attn.scores must be <BxHxSqxSkvxf32> (4 dims, f32)
+// CHECK-NEXT: func.func @f(%s: !attn.scores<?x8x?xf32>) {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// scores element type must be f32
+func.func @f(%s: !attn.scores<?x8x?x?xf16>) {
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:31: error: attn.scores must be <BxHxSqxSkvxf32> (4 dims, f32)
+// CHECK-NEXT: func.func @f(%s: !attn.scores<?x8x?x?xf16>) {
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// unknown option
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {base = 10000.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:22: error: unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)
+// CHECK-NEXT: %r = attn.rope %q {base = 10000.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~
+
+// -----
+
+// option given twice
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 10000.0, theta = 500000.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:39: error: option 'theta' given twice
+// CHECK-NEXT: %r = attn.rope %q {theta = 10000.0, theta = 500000.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~
+
+// -----
+
+// int option given a float
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {rotary_dim = 32.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:35: error: option 'rotary_dim' expects an integer, got 32.0
+// CHECK-NEXT: %r = attn.rope %q {rotary_dim = 32.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~
+
+// -----
+
+// float option given a string
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = "big"} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:30: error: option 'theta' expects a number
+// CHECK-NEXT: %r = attn.rope %q {theta = "big"} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~
+
+// -----
+
+// non-finite float option
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 1.0e999} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:30: error: option 'theta' must be finite
+// CHECK-NEXT: %r = attn.rope %q {theta = 1.0e999} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~
+
+// -----
+
+// int option out of range
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {offset = 9223372036854775808} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:31: error: option 'offset' is out of the i64 range
+// CHECK-NEXT: %r = attn.rope %q {offset = 9223372036854775808} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~~~
+
+// -----
+
+// bad style choice
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {style = "neox"} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:30: error: option 'style' must be one of half, interleaved, got 'neox'
+// CHECK-NEXT: %r = attn.rope %q {style = "neox"} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~
+
+// -----
+
+// bad scaling choice
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "ntk"} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:32: error: option 'scaling' must be one of none, linear, llama3, yarn, got 'ntk'
+// CHECK-NEXT: %r = attn.rope %q {scaling = "ntk"} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~
+
+// -----
+
+// string option given a number
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {placement = 1} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:34: error: option 'placement' expects a string
+// CHECK-NEXT: %r = attn.rope %q {placement = 1} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^
+
+// -----
+
+// float written without a dot before the exponent
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %n = attn.qk_norm %q {eps = 1e-6} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:32: error: expected ',' or '}' after option 'eps' (floats are written like 1.0e-05)
+// CHECK-NEXT: %n = attn.qk_norm %q {eps = 1e-6} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^
+
+// -----
+
+// unknown kind
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask chunked %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:18: error: unknown attn.mask kind 'chunked' (expected one of causal, sliding_window, document, prefix_lm, custom)
+// CHECK-NEXT: %m = attn.mask chunked %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~
+
+// -----
+
+// missing kind
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:18: error: expected attn.mask kind: one of causal, sliding_window, document, prefix_lm, custom
+// CHECK-NEXT: %m = attn.mask %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~
+
+// -----
+
+// operand type count
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:29: error: attn.scores expects 2 operand types, got 1
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~~~~~
+
+// -----
+
+// too many result types
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>, !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:3: error: attn.scores got too many result types
+// CHECK-NEXT: func.return
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// rope input not a tensor of rank 4
+func.func @f(%q: tensor<?x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input must be rank 4 [batch, heads, seq, head_dim], got rank 3
+// CHECK-NEXT: %r = attn.rope %q : tensor<?x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rope input integer element type
+func.func @f(%q: tensor<?x8x?x64xi32>) {
+  %r = attn.rope %q : tensor<?x8x?x64xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input element type must be f16, bf16 or f32, got i32
+// CHECK-NEXT: %r = attn.rope %q : tensor<?x8x?x64xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rope dynamic heads
+func.func @f(%q: tensor<?x?x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x?x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads dim must be static
+// CHECK-NEXT: %r = attn.rope %q : tensor<?x?x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// zero key heads
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x0x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x0x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores k heads dim must be positive, got 0
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x0x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// rope dynamic head dim
+func.func @f(%q: tensor<?x8x?x?xf16>) {
+  %r = attn.rope %q : tensor<?x8x?x?xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input head_dim dim must be static
+// CHECK-NEXT: %r = attn.rope %q : tensor<?x8x?x?xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rotary_dim odd
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {rotary_dim = 33} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rotary_dim must be even and in [2, 64], got 33
+// CHECK-NEXT: %r = attn.rope %q {rotary_dim = 33} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rotary_dim too big
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {rotary_dim = 128} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rotary_dim must be even and in [2, 64], got 128
+// CHECK-NEXT: %r = attn.rope %q {rotary_dim = 128} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rotary_dim zero
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {rotary_dim = 0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rotary_dim must be even and in [2, 64], got 0
+// CHECK-NEXT: %r = attn.rope %q {rotary_dim = 0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// theta not positive
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 0.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op theta must be positive
+// CHECK-NEXT: %r = attn.rope %q {theta = 0.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// factor not positive
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "linear", factor = -2.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op factor must be positive
+// CHECK-NEXT: %r = attn.rope %q {scaling = "linear", factor = -2.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// llama3 frequency factors
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op llama3 scaling needs high_freq_factor > low_freq_factor > 0
+// CHECK-NEXT: %r = attn.rope %q {scaling = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// positions rank 3
+func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?x?x?xi32>) {
+  %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?x?x?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op positions must be tensor<?xi32> or tensor<?x?xi32>
+// CHECK-NEXT: %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?x?x?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// positions float
+func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xf32>) {
+  %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op attn.rope positions must be a rank-1 integer tensor, got tensor<?xf32>
+// CHECK-NEXT: %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// positions and offset
+func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xi32>) {
+  %r = attn.rope %q positions %p {offset = 5} : tensor<?x8x?x64xf16>, tensor<?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op give either positions or offset, not both
+// CHECK-NEXT: %r = attn.rope %q positions %p {offset = 5} : tensor<?x8x?x64xf16>, tensor<?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// rope result type differs (generic form)
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = "attn.rope"(%q) : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xbf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op result must have type tensor<?x8x?x64xf16>, got tensor<?x8x?x64xbf16>
+// CHECK-NEXT: %r = "attn.rope"(%q) : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xbf16>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// qk_norm weight length
+func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<128xf32>) {
+  %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<128xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.qk_norm' op attn.qk_norm weight must have 64 elements, got 128
+// CHECK-NEXT: %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<128xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// qk_norm weight rank
+func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<8x64xf32>) {
+  %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<8x64xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.qk_norm' op attn.qk_norm weight must be a rank-1 tensor<64xf32>, got tensor<8x64xf32>
+// CHECK-NEXT: %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<8x64xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// qk_norm weight integer
+func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<64xi32>) {
+  %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<64xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.qk_norm' op attn.qk_norm weight must have a float element type
+// CHECK-NEXT: %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<64xi32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// qk_norm eps negative
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %n = attn.qk_norm %q {eps = -1.0e-06} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.qk_norm' op eps must be >= 0
+// CHECK-NEXT: %n = attn.qk_norm %q {eps = -1.0e-06} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// Hq % Hkv
+func.func @f(%q: tensor<?x12x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x12x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x12x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op query heads (12) must be a multiple of key heads (8)
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x12x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x12x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// head dims mismatch
+func.func @f(%q: tensor<?x8x?x128xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x128xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op q head_dim 128 != k head_dim 64
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x128xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// q/k element types differ
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xbf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xbf16> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op q and k must have the same element type
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xbf16> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// batch dims differ
+func.func @f(%q: tensor<2x8x?x64xf16>, %k: tensor<3x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<2x8x?x64xf16>, tensor<3x8x?x64xf16> -> !attn.scores<2x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op batch dims differ (2 vs 3)
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<2x8x?x64xf16>, tensor<3x8x?x64xf16> -> !attn.scores<2x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// scores result heads
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op result heads dim 4 != 8
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// scores result kv_len
+func.func @f(%q: tensor<?x8x16x64xf16>, %k: tensor<?x8x24x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x16x64xf16>, tensor<?x8x24x64xf16> -> !attn.scores<?x8x16x16xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op result kv_len dim 16 != 24
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x16x64xf16>, tensor<?x8x24x64xf16> -> !attn.scores<?x8x16x16xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// scores result is a tensor
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> tensor<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op result 'output' at position 0 does not verify: tensor<?x8x?x?xf32> should be of base attribute attn.scores
+// CHECK-NEXT: %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> tensor<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// scale not positive
+func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
+  %s = attn.scores %q, %k {scale = -0.125} : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op scale must be positive
+// CHECK-NEXT: %s = attn.scores %q, %k {scale = -0.125} : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// alibi with a tensor
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x8x?x?xf32>) {
+  %r = attn.bias alibi %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op attn.bias alibi takes no bias tensor
+// CHECK-NEXT: %r = attn.bias alibi %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// alibi slopes length
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sl: tensor<16xf32>) {
+  %r = attn.bias alibi %s slopes %sl : !attn.scores<?x8x?x?xf32>, tensor<16xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op attn.bias slopes must have 8 elements, got 16
+// CHECK-NEXT: %r = attn.bias alibi %s slopes %sl : !attn.scores<?x8x?x?xf32>, tensor<16xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// bias tensor without tensor
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %r = attn.bias tensor %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op attn.bias tensor takes exactly one bias tensor operand
+// CHECK-NEXT: %r = attn.bias tensor %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// bias tensor rank
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<?x?xf32>) {
+  %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op bias must be a rank-4 tensor broadcast over [B, H, Sq, Skv], got tensor<?x?xf32>
+// CHECK-NEXT: %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// bias tensor head dim not broadcastable
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x4x?x?xf32>) {
+  %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op bias heads dim must be 1 or 8, got 4
+// CHECK-NEXT: %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x4x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// bias kind missing (generic form)
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %r = "attn.bias"(%s) <{operandSegmentSizes = array<i32: 1, 0, 0>}> : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.bias' op kind must be given (alibi or tensor)
+// CHECK-NEXT: %r = "attn.bias"(%s) <{operandSegmentSizes = array<i32: 1, 0, 0>}> : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// softcap without cap
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %c = attn.softcap %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.softcap' op option cap must be given and positive
+// CHECK-NEXT: %c = attn.softcap %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softcap cap zero
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %c = attn.softcap %s {cap = 0.0} : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.softcap' op option cap must be given and positive
+// CHECK-NEXT: %c = attn.softcap %s {cap = 0.0} : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// mask applied to a tensor instead of scores
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %m = attn.mask causal %q : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op operand 'input' at position 0 does not verify: tensor<?x8x?x64xf16> should be of base attribute attn.scores
+// CHECK-NEXT: %m = attn.mask causal %q : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// mask kind option mismatch (causal + left)
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask causal %s {left = 128} : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask causal does not take option(s) left
+// CHECK-NEXT: %m = attn.mask causal %s {left = 128} : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// mask kind option mismatch (document + align)
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
+  %m = attn.mask document %s, %ids {align = "bottom_right"} : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask document does not take option(s) align
+// CHECK-NEXT: %m = attn.mask document %s, %ids {align = "bottom_right"} : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// bad align choice
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask causal %s {align = "center"} : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:37: error: option 'align' must be one of top_left, bottom_right, got 'center'
+// CHECK-NEXT: %m = attn.mask causal %s {align = "center"} : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~
+
+// -----
+
+// causal with an operand
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
+  %m = attn.mask causal %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask causal takes no operands
+// CHECK-NEXT: %m = attn.mask causal %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// sliding_window without bounds
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask sliding_window %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask sliding_window needs left and/or right
+// CHECK-NEXT: %m = attn.mask sliding_window %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// sliding_window negative left
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask sliding_window %s {left = -1} : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask sliding_window: left must be >= 0
+// CHECK-NEXT: %m = attn.mask sliding_window %s {left = -1} : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// document without ids
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask document %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask document takes one or two [B, S] segment-id tensors
+// CHECK-NEXT: %m = attn.mask document %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// document ids rank
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?xi32>) {
+  %m = attn.mask document %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask document ids must be a rank-2 integer tensor, got tensor<?xi32>
+// CHECK-NEXT: %m = attn.mask document %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// document ids batch
+func.func @f(%s: !attn.scores<2x8x?x?xf32>, %ids: tensor<3x?xi32>) {
+  %m = attn.mask document %s, %ids : !attn.scores<2x8x?x?xf32>, tensor<3x?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask document: ids batch dim must match scores
+// CHECK-NEXT: %m = attn.mask document %s, %ids : !attn.scores<2x8x?x?xf32>, tensor<3x?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// prefix_lm without prefix
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask prefix_lm %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask prefix_lm needs either {prefix = N} or one [B] operand
+// CHECK-NEXT: %m = attn.mask prefix_lm %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// prefix_lm with both
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
+  %m = attn.mask prefix_lm %s, %n {prefix = 4} : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask prefix_lm needs either {prefix = N} or one [B] operand
+// CHECK-NEXT: %m = attn.mask prefix_lm %s, %n {prefix = 4} : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// prefix_lm negative
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask prefix_lm %s {prefix = -4} : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask prefix_lm: prefix must be >= 0
+// CHECK-NEXT: %m = attn.mask prefix_lm %s {prefix = -4} : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// prefix_lm operand rank
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?x?xi32>) {
+  %m = attn.mask prefix_lm %s, %n : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask prefix lengths must be a rank-1 integer tensor, got tensor<?x?xi32>
+// CHECK-NEXT: %m = attn.mask prefix_lm %s, %n : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// custom without region
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask custom needs a predicate region
+// CHECK-NEXT: %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// region on a non-custom mask
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask causal %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %keep = arith.cmpi sge, %qi, %ki : index
+    attn.yield %keep : i1
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op only the custom kind has a predicate region
+// CHECK-NEXT: %m = attn.mask causal %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// custom mask region signature
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%qi: index, %ki: index):
+    %keep = arith.cmpi sge, %qi, %ki : index
+    attn.yield %keep : i1
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op custom mask region arguments must be (index, index, index, index), got (index, index)
+// CHECK-NEXT: %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// custom mask region signature misses a capture
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %t: tensor<8xi32>) {
+  %m = attn.mask custom %s, %t : !attn.scores<?x8x?x?xf32>, tensor<8xi32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %keep = arith.cmpi sge, %qi, %ki : index
+    attn.yield %keep : i1
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op custom mask region arguments must be (index, index, index, index, tensor<8xi32>), got (index, index, index, index)
+// CHECK-NEXT: %m = attn.mask custom %s, %t : !attn.scores<?x8x?x?xf32>, tensor<8xi32> {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// custom mask yields an index
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    attn.yield %qi : index
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op region must yield one i1, got [IndexType()]
+// CHECK-NEXT: %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// custom mask region without a terminator
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %keep = arith.cmpi sge, %qi, %ki : index
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:13: error: 'arith.cmpi' op terminates block in single-block region but is not a terminator
+// CHECK-NEXT: %keep = arith.cmpi sge, %qi, %ki : index
+// CHECK-NEXT: ^~~~~~~~~~
+
+// -----
+
+// mask kind missing (generic form)
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = "attn.mask"(%s) ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op kind must be given
+// CHECK-NEXT: %m = "attn.mask"(%s) ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// prefix_lm with two operands
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
+  %m = attn.mask prefix_lm %s, %n, %n : !attn.scores<?x8x?x?xf32>, tensor<?xi32>, tensor<?xi32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op attn.mask prefix_lm takes one [B] prefix-length operand
+// CHECK-NEXT: %m = attn.mask prefix_lm %s, %n, %n : !attn.scores<?x8x?x?xf32>, tensor<?xi32>, tensor<?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// score_mod region signature
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%x: f32):
+    attn.yield %x : f32
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.score_mod' op score_mod region arguments must be (f32, index, index, index, index), got (f32)
+// CHECK-NEXT: %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~~~~~~
+
+// -----
+
+// score_mod without a region
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.score_mod' op Region 'body' at position 0 expected a single block, but got 0 blocks
+// CHECK-NEXT: %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~~~
+
+// -----
+
+// score_mod yield type
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index):
+    %y = arith.truncf %x : f32 to f16
+    attn.yield %y : f16
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.score_mod' op region must yield one f32, got [Float16Type()]
+// CHECK-NEXT: %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~~~~~~
+
+// -----
+
+// score_mod yields two values
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index):
+    attn.yield %x, %x : f32, f32
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.score_mod' op region must yield one f32, got [Float32Type(), Float32Type()]
+// CHECK-NEXT: %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~~~~~~
+
+// -----
+
+// attn.yield outside a region of mask/score_mod
+func.func @f(%x: f32) {
+  attn.yield %x : f32
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:3: error: 'attn.yield' expects parent op to be one of 'attn.mask', 'attn.score_mod'
+// CHECK-NEXT: attn.yield %x : f32
+// CHECK-NEXT: ^~~~~~~~~~
+
+// -----
+
+// softmax result not probs
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.softmax' op result 'output' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs
+// CHECK-NEXT: %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softmax result dims
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.softmax' op result must be !attn.probs with dims [?, 8, ?, ?]
+// CHECK-NEXT: %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softmax lse shape
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x4x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:14: error: 'attn.softmax' op lse shape must be [?, 8, ?]
+// CHECK-NEXT: %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x4x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softmax lse rank
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:14: error: 'attn.softmax' op lse must be tensor<BxHxSqxf32>
+// CHECK-NEXT: %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softmax lse element type
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:14: error: 'attn.softmax' op lse must be tensor<BxHxSqxf32>
+// CHECK-NEXT: %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// softmax sinks length
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sk: tensor<64xf32>) {
+  %p = attn.softmax %s sinks %sk : !attn.scores<?x8x?x?xf32>, tensor<64xf32> -> !attn.probs<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.softmax' op attn.softmax sinks must have 8 elements, got 64
+// CHECK-NEXT: %p = attn.softmax %s sinks %sk : !attn.scores<?x8x?x?xf32>, tensor<64xf32> -> !attn.probs<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// dropout p out of range
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
+  %d = attn.dropout %p, %seed {p = 1.0} : !attn.probs<?x8x?x?xf32>, i64
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.dropout' op option p must be given, in [0, 1)
+// CHECK-NEXT: %d = attn.dropout %p, %seed {p = 1.0} : !attn.probs<?x8x?x?xf32>, i64
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// dropout p negative
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
+  %d = attn.dropout %p, %seed {p = -0.1} : !attn.probs<?x8x?x?xf32>, i64
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.dropout' op option p must be given, in [0, 1)
+// CHECK-NEXT: %d = attn.dropout %p, %seed {p = -0.1} : !attn.probs<?x8x?x?xf32>, i64
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// dropout without p
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
+  %d = attn.dropout %p, %seed : !attn.probs<?x8x?x?xf32>, i64
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.dropout' op option p must be given, in [0, 1)
+// CHECK-NEXT: %d = attn.dropout %p, %seed : !attn.probs<?x8x?x?xf32>, i64
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// dropout seed i32
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i32) {
+  %d = attn.dropout %p, %seed {p = 0.1} : !attn.probs<?x8x?x?xf32>, i32
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.dropout' op seed must be i64
+// CHECK-NEXT: %d = attn.dropout %p, %seed {p = 0.1} : !attn.probs<?x8x?x?xf32>, i32
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// dropout on scores
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %seed: i64) {
+  %d = attn.dropout %s, %seed {p = 0.1} : !attn.scores<?x8x?x?xf32>, i64
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.dropout' op operand 'input' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs
+// CHECK-NEXT: %d = attn.dropout %s, %seed {p = 0.1} : !attn.scores<?x8x?x?xf32>, i64
+// CHECK-NEXT: ^~~~~~~~~~~~
+
+// -----
+
+// weighted_sum on scores
+func.func @f(%s: !attn.scores<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
+  %o = attn.weighted_sum %s, %v : !attn.scores<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op operand 'probs' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs
+// CHECK-NEXT: %o = attn.weighted_sum %s, %v : !attn.scores<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// weighted_sum v heads
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x3x?x64xf16>) {
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x3x?x64xf16> -> tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op heads (8) must be a multiple of v heads (3)
+// CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x3x?x64xf16> -> tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// weighted_sum v seq
+func.func @f(%p: !attn.probs<?x8x?x32xf32>, %v: tensor<?x8x16x64xf16>) {
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x32xf32>, tensor<?x8x16x64xf16> -> tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op v batch/seq dims must match the probabilities
+// CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x32xf32>, tensor<?x8x16x64xf16> -> tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// weighted_sum result head dim
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x128xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op result must be [?, 8, ?, 64]
+// CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x128xf16>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// weighted_sum result element type
+func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op result must be a tensor of v's element type
+// CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf32>
+// CHECK-NEXT: ^~~~~~~~~~~~~~~~~
