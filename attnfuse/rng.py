@@ -105,7 +105,9 @@ def rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
     return uniform_from_uint32(philox(k0, k1, lo, hi)[0])
 
 
-def dropout_keep(seed: int, b_count: int, h_count: int, q_len: int, kv_len: int, p: float) -> torch.Tensor:
+def dropout_keep(
+    seed: int, b_count: int, h_count: int, q_len: int, kv_len: int, p: float
+) -> torch.Tensor:
     """The `[B, H, Sq, Skv]` boolean keep mask of `attn.dropout` with drop probability p.
 
     Element `(b, h, q, kv)` is kept iff `u >= float32(p)` (the comparison a kernel makes

@@ -27,7 +27,12 @@ from xdsl.ir import Attribute
 from xdsl.parser import Parser
 
 from attnfuse.dialects.attn import Attn
-from attnfuse.reference.interpreter import ReferenceError, Value, alibi_slopes, interpret
+from attnfuse.reference.interpreter import (
+    ReferenceError,
+    Value,
+    alibi_slopes,
+    interpret,
+)
 
 __all__ = ["ReferenceError", "alibi_slopes", "check_arguments", "parse_program", "run"]
 
@@ -78,18 +83,26 @@ def _check_argument(index: int, name: str, ty: Attribute, data: object) -> Value
         t = data if isinstance(data, torch.Tensor) else torch.as_tensor(data)
         shape = ty.get_shape()
         if t.dim() != len(shape) or any(w >= 0 and w != g for w, g in zip(shape, t.shape)):
-            raise ReferenceError(f"{where}: expected shape {_shape_text(shape)}, got {tuple(t.shape)}")
+            raise ReferenceError(
+                f"{where}: expected shape {_shape_text(shape)}, got {tuple(t.shape)}"
+            )
         if isinstance(ty.element_type, (IntegerType, IndexType)):
             if t.is_floating_point() or t.is_complex():
-                raise ReferenceError(f"{where}: expected an integer tensor ({ty.element_type}), got {t.dtype}")
+                raise ReferenceError(
+                    f"{where}: expected an integer tensor ({ty.element_type}), got {t.dtype}"
+                )
             return t.to(torch.int64)
         if not t.is_floating_point():
-            raise ReferenceError(f"{where}: expected a float tensor ({ty.element_type}), got {t.dtype}")
+            raise ReferenceError(
+                f"{where}: expected a float tensor ({ty.element_type}), got {t.dtype}"
+            )
         return t.to(torch.float64)
     if isinstance(ty, (IntegerType, IndexType)):
         if isinstance(data, torch.Tensor):
             if data.numel() != 1 or data.is_floating_point():
-                raise ReferenceError(f"{where}: expected an integer scalar ({ty}), got {data.dtype} {tuple(data.shape)}")
+                raise ReferenceError(
+                    f"{where}: expected an integer scalar ({ty}), got {data.dtype} {tuple(data.shape)}"
+                )
             return int(data.item())
         if not isinstance(data, int) or isinstance(data, bool):
             raise ReferenceError(f"{where}: expected an int ({ty}), got {type(data).__name__}")

@@ -131,8 +131,14 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
     if positions is None:
         positions = torch.arange(seq, dtype=torch.int64) + op.int_option("offset")
     else:
-        _require(positions.shape[-1] == seq, f"attn.rope: positions cover {positions.shape[-1]} tokens, input has {seq}")
-        _require(positions.dim() == 1 or positions.shape[0] in (1, batch), "attn.rope: positions batch dim must be 1 or the input's")
+        _require(
+            positions.shape[-1] == seq,
+            f"attn.rope: positions cover {positions.shape[-1]} tokens, input has {seq}",
+        )
+        _require(
+            positions.dim() == 1 or positions.shape[0] in (1, batch),
+            "attn.rope: positions batch dim must be 1 or the input's",
+        )
     a = op.option("attention_factor")
     params = RopeParams(
         rotary_dim=op.rotary_width(),
@@ -162,7 +168,9 @@ def run_qk_norm(op: QKNormOp, frame: Frame) -> tuple[Value, ...]:
     weight = frame.optional(op.weight)
     if weight is None:
         return (y,)
-    _require(weight.shape == (x.shape[-1],), f"attn.qk_norm: weight must have shape ({x.shape[-1]},)")
+    _require(
+        weight.shape == (x.shape[-1],), f"attn.qk_norm: weight must have shape ({x.shape[-1]},)"
+    )
     return (y * (weight + op.float_option("weight_offset")),)
 
 
@@ -171,7 +179,9 @@ def run_scores(op: ScoresOp, frame: Frame) -> tuple[Value, ...]:
     """`S = q @ k^T * scale`; query head h uses kv head `h // (Hq // Hkv)`."""
     q, k = frame.tensor(op.q), frame.tensor(op.k)
     _require(q.shape[0] == k.shape[0], f"attn.scores: q batch {q.shape[0]} != k batch {k.shape[0]}")
-    _require(q.shape[3] == k.shape[3], f"attn.scores: q head_dim {q.shape[3]} != k head_dim {k.shape[3]}")
+    _require(
+        q.shape[3] == k.shape[3], f"attn.scores: q head_dim {q.shape[3]} != k head_dim {k.shape[3]}"
+    )
     k = _expand_heads(k, q.shape[1], "attn.scores")
     return (torch.matmul(q, k.transpose(-1, -2)) * op.scale_value(),)
 
@@ -229,7 +239,10 @@ def _document_keep(op: MaskOp, frame: Frame, s: torch.Tensor) -> torch.Tensor:
         _require(sq == skv, "attn.mask document: one ids operand needs q_len == kv_len (give two)")
     ids_q, ids_kv = ids[0], ids[-1]
     for t, seq, what in ((ids_q, sq, "query"), (ids_kv, skv, "key")):
-        _require(t.shape[0] in (1, batch) and t.shape[1] == seq, f"attn.mask document: {what} ids must be [{batch}, {seq}], got {tuple(t.shape)}")
+        _require(
+            t.shape[0] in (1, batch) and t.shape[1] == seq,
+            f"attn.mask document: {what} ids must be [{batch}, {seq}], got {tuple(t.shape)}",
+        )
     return ids_q[:, None, :, None] == ids_kv[:, None, None, :]
 
 
@@ -237,7 +250,10 @@ def _prefix_keep(op: MaskOp, frame: Frame, s: torch.Tensor) -> torch.Tensor:
     _, _, q, kv = _grid(s)
     if op.args:
         prefix = frame.tensor(op.args[0])
-        _require(prefix.shape == (s.shape[0],), f"attn.mask prefix_lm: prefix lengths must be [{s.shape[0]}]")
+        _require(
+            prefix.shape == (s.shape[0],),
+            f"attn.mask prefix_lm: prefix lengths must be [{s.shape[0]}]",
+        )
         prefix = prefix.view(-1, 1, 1, 1)
     else:
         prefix = torch.tensor(op.int_option("prefix"))
@@ -306,7 +322,9 @@ def run_softmax(op: SoftmaxOp, frame: Frame) -> tuple[Value, ...]:
     row_max = s.detach().amax(dim=-1, keepdim=True)
     sinks = frame.optional(op.sinks)
     if sinks is not None:
-        _require(sinks.shape == (s.shape[1],), f"attn.softmax: sinks must have shape ({s.shape[1]},)")
+        _require(
+            sinks.shape == (s.shape[1],), f"attn.softmax: sinks must have shape ({s.shape[1]},)"
+        )
         sinks = sinks.view(1, -1, 1, 1)
         row_max = torch.maximum(row_max, sinks.detach())
     row_max = torch.where(row_max == NEG_INF, torch.zeros_like(row_max), row_max)
@@ -325,7 +343,10 @@ def run_softmax(op: SoftmaxOp, frame: Frame) -> tuple[Value, ...]:
 
 def _seed(data: Value) -> int:
     if isinstance(data, torch.Tensor):
-        _require(data.numel() == 1 and not data.is_floating_point(), "attn.dropout: seed must be an integer")
+        _require(
+            data.numel() == 1 and not data.is_floating_point(),
+            "attn.dropout: seed must be an integer",
+        )
         return int(data.item())
     return int(data)
 
@@ -343,6 +364,12 @@ def run_dropout(op: DropoutOp, frame: Frame) -> tuple[Value, ...]:
 def run_weighted_sum(op: WeightedSumOp, frame: Frame) -> tuple[Value, ...]:
     """`O = P @ V` with the GQA head mapping, in float64."""
     probs, v = frame.tensor(op.probs), frame.tensor(op.v)
-    _require(probs.shape[0] == v.shape[0], f"attn.weighted_sum: batch {probs.shape[0]} != v batch {v.shape[0]}")
-    _require(probs.shape[3] == v.shape[2], f"attn.weighted_sum: kv_len {probs.shape[3]} != v seq {v.shape[2]}")
+    _require(
+        probs.shape[0] == v.shape[0],
+        f"attn.weighted_sum: batch {probs.shape[0]} != v batch {v.shape[0]}",
+    )
+    _require(
+        probs.shape[3] == v.shape[2],
+        f"attn.weighted_sum: kv_len {probs.shape[3]} != v seq {v.shape[2]}",
+    )
     return (torch.matmul(probs, _expand_heads(v, probs.shape[1], "attn.weighted_sum")),)

@@ -169,7 +169,11 @@ def _int_cast(op: Operation, args: list[torch.Tensor]) -> torch.Tensor:
 @impl(arith.ExtUIOp)
 def _extui(op: Operation, args: list[torch.Tensor]) -> torch.Tensor:
     source = op.operands[0].type
-    value = args[0].to(torch.int64) if args[0].dtype == torch.bool else args[0] & ((1 << _width(source)) - 1)
+    value = (
+        args[0].to(torch.int64)
+        if args[0].dtype == torch.bool
+        else args[0] & ((1 << _width(source)) - 1)
+    )
     return _wrap(value, _result_type(op))
 
 
@@ -295,7 +299,9 @@ def evaluate_region(
     """Evaluate a single-block region on broadcastable tensors; return the yielded values."""
     block = _region_block(region)
     if len(args) != len(block.args):
-        raise RegionEvaluationError(f"{where}: expected {len(block.args)} arguments, got {len(args)}")
+        raise RegionEvaluationError(
+            f"{where}: expected {len(block.args)} arguments, got {len(args)}"
+        )
     env: dict[SSAValue, torch.Tensor] = dict(zip(block.args, args))
     for op in block.ops:
         if isinstance(op, YieldOp):

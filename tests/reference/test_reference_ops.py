@@ -18,7 +18,7 @@ from attnfuse import rng
 from attnfuse.reference import ReferenceError, alibi_slopes, parse_program, run
 from attnfuse.reference.regions import RegionEvaluationError
 
-TOL = dict(rtol=1e-10, atol=1e-10)
+TOL = {"rtol": 1e-10, "atol": 1e-10}
 B, SQ, SKV = 2, 7, 13
 
 
@@ -26,8 +26,14 @@ def rand(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def qkv(hq: int = 4, hkv: int = 4, d: int = 16, dv: int | None = None, sq: int = SQ, skv: int = SKV):
-    return rand(B, hq, sq, d, seed=1), rand(B, hkv, skv, d, seed=2), rand(B, hkv, skv, dv or d, seed=3)
+def qkv(
+    hq: int = 4, hkv: int = 4, d: int = 16, dv: int | None = None, sq: int = SQ, skv: int = SKV
+):
+    return (
+        rand(B, hq, sq, d, seed=1),
+        rand(B, hkv, skv, d, seed=2),
+        rand(B, hkv, skv, dv or d, seed=3),
+    )
 
 
 def tt(h: int, d: int) -> str:
@@ -54,12 +60,17 @@ def program(
     of an attn.dropout on seed operand `%seed`."""
     dv = dv or d
     s_ty, p_ty, o_ty = f"!attn.scores<?x{hq}x?x?xf32>", f"!attn.probs<?x{hq}x?x?xf32>", tt(hq, dv)
-    lines = [prep, f"%s0 = attn.scores {qk[0]}, {qk[1]} {scale} : {tt(hq, d)}, {tt(hkv, d)} -> {s_ty}"]
+    lines = [
+        prep,
+        f"%s0 = attn.scores {qk[0]}, {qk[1]} {scale} : {tt(hq, d)}, {tt(hkv, d)} -> {s_ty}",
+    ]
     for i, text in enumerate(score_ops):
         lines.append(f"%s{i + 1} = " + text.replace("$in", f"%s{i}").replace("$S", s_ty))
     sm = f"attn.softmax %s{len(score_ops)} {softmax.replace('$S', s_ty)}"
     results = f"{o_ty}, tensor<?x{hq}x?xf32>" if lse else o_ty
-    lines.append(f"%p, %lse = {sm} -> {p_ty}, tensor<?x{hq}x?xf32>" if lse else f"%p = {sm} -> {p_ty}")
+    lines.append(
+        f"%p, %lse = {sm} -> {p_ty}, tensor<?x{hq}x?xf32>" if lse else f"%p = {sm} -> {p_ty}"
+    )
     probs = "%p"
     if dropout:
         lines.append(f"%pd = attn.dropout %p, %seed {{{dropout}}} : {p_ty}, i64")
@@ -138,7 +149,12 @@ def test_causal(sq, skv, align):
 
 @pytest.mark.parametrize(
     "options,left,right",
-    [("left = 3", 3, None), ("right = 2", None, 2), ("left = 2, right = 1", 2, 1), ('align = "bottom_right", left = 4', 4, None)],
+    [
+        ("left = 3", 3, None),
+        ("right = 2", None, 2),
+        ("left = 2, right = 1", 2, 1),
+        ('align = "bottom_right", left = 4', 4, None),
+    ],
 )
 def test_sliding_window(options, left, right):
     q, k, v = qkv()
@@ -156,11 +172,18 @@ def test_sliding_window(options, left, right):
 
 
 def test_document_one_and_two_operands():
-    ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], [5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 7, 7]], dtype=torch.int32)
+    ids = torch.tensor(
+        [[0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], [5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 7, 7]],
+        dtype=torch.int32,
+    )
     q, k, v = qkv(sq=SKV)
-    text = program(["attn.mask document $in, %ids : $S, tensor<?x?xi32>"], extra=", %ids: tensor<?x?xi32>")
+    text = program(
+        ["attn.mask document $in, %ids : $S, tensor<?x?xi32>"], extra=", %ids: tensor<?x?xi32>"
+    )
     keep = keep_from(lambda b, i, j: ids[b, i] == ids[b, j], SKV, SKV)
-    torch.testing.assert_close(run(text, q, k, v, ids), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL)
+    torch.testing.assert_close(
+        run(text, q, k, v, ids), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL
+    )
 
     q, k, v = qkv()
     ids_q = ids[:, -SQ:]
@@ -169,7 +192,11 @@ def test_document_one_and_two_operands():
         extra=", %iq: tensor<?x?xi32>, %ik: tensor<?x?xi32>",
     )
     keep = keep_from(lambda b, i, j: ids_q[b, i] == ids[b, j])
-    torch.testing.assert_close(run(two, q, k, v, ids_q, ids), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL)
+    torch.testing.assert_close(
+        run(two, q, k, v, ids_q, ids),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+        **TOL,
+    )
     with pytest.raises(ReferenceError, match="q_len == kv_len"):
         run(text, q, k, v, ids)
 
@@ -178,11 +205,15 @@ def test_prefix_lm_static_and_operand():
     q, k, v = qkv()
     text = program(["attn.mask prefix_lm $in {prefix = 5} : $S"])
     keep = keep_from(lambda b, i, j: j <= i or j < 5)
-    torch.testing.assert_close(run(text, q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL)
+    torch.testing.assert_close(
+        run(text, q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL
+    )
     prefix = torch.tensor([2, 9], dtype=torch.int32)
     text = program(["attn.mask prefix_lm $in, %n : $S, tensor<?xi32>"], extra=", %n: tensor<?xi32>")
     keep = keep_from(lambda b, i, j: j <= i or j < prefix[b])
-    torch.testing.assert_close(run(text, q, k, v, prefix), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL)
+    torch.testing.assert_close(
+        run(text, q, k, v, prefix), F.scaled_dot_product_attention(q, k, v, attn_mask=keep), **TOL
+    )
 
 
 CUSTOM = """attn.mask custom $in, %len : $S, tensor<?xi32> {
@@ -237,7 +268,9 @@ def paper_slopes(n: int) -> list[float]:
 
 @pytest.mark.parametrize("heads", [8, 6, 12, 1])
 def test_alibi_default_slopes(heads):
-    torch.testing.assert_close(alibi_slopes(heads), torch.tensor(paper_slopes(heads), dtype=torch.float64), **TOL)
+    torch.testing.assert_close(
+        alibi_slopes(heads), torch.tensor(paper_slopes(heads), dtype=torch.float64), **TOL
+    )
     q, k, v = qkv(hq=heads, hkv=1)
     text = program(["attn.bias alibi $in : $S"], hq=heads, hkv=1)
     qi, kj = torch.arange(SQ).view(-1, 1), torch.arange(SKV).view(1, -1)
@@ -247,13 +280,21 @@ def test_alibi_default_slopes(heads):
 
 
 def test_alibi_max_bias_and_slopes_operand():
-    assert alibi_slopes(8, 4.0).tolist() == pytest.approx([2 ** (-4 * (i + 1) / 8) for i in range(8)], rel=1e-14)
-    assert alibi_slopes(6, 4.0).tolist() == pytest.approx([2**-1, 2**-2, 2**-3, 2**-4, 2**-0.5, 2**-1.5], rel=1e-14)
+    assert alibi_slopes(8, 4.0).tolist() == pytest.approx(
+        [2 ** (-4 * (i + 1) / 8) for i in range(8)], rel=1e-14
+    )
+    assert alibi_slopes(6, 4.0).tolist() == pytest.approx(
+        [2**-1, 2**-2, 2**-3, 2**-4, 2**-0.5, 2**-1.5], rel=1e-14
+    )
     q, k, v = qkv()
     slopes = rand(4, seed=7)
-    text = program(["attn.bias alibi $in slopes %sl : $S, tensor<4xf32>"], extra=", %sl: tensor<4xf32>")
+    text = program(
+        ["attn.bias alibi $in slopes %sl : $S, tensor<4xf32>"], extra=", %sl: tensor<4xf32>"
+    )
     bias = slopes.view(1, -1, 1, 1) * (torch.arange(SKV).view(1, -1) - torch.arange(SQ).view(-1, 1))
-    torch.testing.assert_close(run(text, q, k, v, slopes), hand_attention(q, k, v, bias=bias)[0], **TOL)
+    torch.testing.assert_close(
+        run(text, q, k, v, slopes), hand_attention(q, k, v, bias=bias)[0], **TOL
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 4, SQ, SKV), (B, 1, 1, SKV), (1, 1, SQ, 1), (B, 4, SQ, SKV)])
@@ -262,7 +303,9 @@ def test_bias_tensor_broadcast(shape):
     bias = rand(*shape, seed=11)
     ty = "x".join(str(d) for d in shape) + "xf32"
     text = program([f"attn.bias tensor $in, %bb : $S, tensor<{ty}>"], extra=f", %bb: tensor<{ty}>")
-    torch.testing.assert_close(run(text, q, k, v, bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias), **TOL)
+    torch.testing.assert_close(
+        run(text, q, k, v, bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias), **TOL
+    )
 
 
 def test_softcap_then_causal():
@@ -319,36 +362,51 @@ def score_mod_program(body: str, yield_value: str, extra_arg: str = "", extra_ty
 
 
 FLOAT_CASES = {
-    "exp_tanh": ("%a = math.tanh %x : f32\n%r = math.exp %a : f32", lambda x: torch.exp(torch.tanh(x))),
+    "exp_tanh": (
+        "%a = math.tanh %x : f32\n%r = math.exp %a : f32",
+        lambda x: torch.exp(torch.tanh(x)),
+    ),
     "log_log2": (
-        "%m = arith.mulf %x, %x : f32\n%one = arith.constant 1.0 : f32\n%a = arith.addf %m, %one : f32\n"
-        "%l = math.log %a : f32\n%l2 = math.log2 %a : f32\n%r = arith.subf %l, %l2 : f32",
+        (
+            "%m = arith.mulf %x, %x : f32\n%one = arith.constant 1.0 : f32\n%a = arith.addf %m, %one : f32\n"
+            "%l = math.log %a : f32\n%l2 = math.log2 %a : f32\n%r = arith.subf %l, %l2 : f32"
+        ),
         lambda x: torch.log(x * x + 1) - torch.log2(x * x + 1),
     ),
     "sqrt_rsqrt_abs": (
-        "%a = math.absf %x : f32\n%s = math.sqrt %a : f32\n%two = arith.constant 2.0 : f32\n"
-        "%b2 = arith.addf %a, %two : f32\n%rs = math.rsqrt %b2 : f32\n%r = arith.mulf %s, %rs : f32",
+        (
+            "%a = math.absf %x : f32\n%s = math.sqrt %a : f32\n%two = arith.constant 2.0 : f32\n"
+            "%b2 = arith.addf %a, %two : f32\n%rs = math.rsqrt %b2 : f32\n%r = arith.mulf %s, %rs : f32"
+        ),
         lambda x: torch.sqrt(x.abs()) / torch.sqrt(x.abs() + 2),
     ),
     "powf_divf_negf": (
-        "%a = math.absf %x : f32\n%p = arith.constant 1.5 : f32\n%w = math.powf %a, %p : f32\n"
-        "%n = arith.negf %w : f32\n%three = arith.constant 3.0 : f32\n%r = arith.divf %n, %three : f32",
+        (
+            "%a = math.absf %x : f32\n%p = arith.constant 1.5 : f32\n%w = math.powf %a, %p : f32\n"
+            "%n = arith.negf %w : f32\n%three = arith.constant 3.0 : f32\n%r = arith.divf %n, %three : f32"
+        ),
         lambda x: -(x.abs() ** 1.5) / 3,
     ),
     "sin_cos_erf_exp2": (
-        "%s = math.sin %x : f32\n%c = math.cos %x : f32\n%e = math.erf %x : f32\n%t = math.exp2 %x : f32\n"
-        "%m = arith.mulf %s, %c : f32\n%a = arith.addf %m, %e : f32\n%r = arith.addf %a, %t : f32",
+        (
+            "%s = math.sin %x : f32\n%c = math.cos %x : f32\n%e = math.erf %x : f32\n%t = math.exp2 %x : f32\n"
+            "%m = arith.mulf %s, %c : f32\n%a = arith.addf %m, %e : f32\n%r = arith.addf %a, %t : f32"
+        ),
         lambda x: torch.sin(x) * torch.cos(x) + torch.erf(x) + torch.exp2(x),
     ),
     "floor_ceil_max_min": (
-        "%f = math.floor %x : f32\n%c = math.ceil %x : f32\n%lo = arith.constant -0.5 : f32\n"
-        "%hi = arith.constant 0.25 : f32\n%mx = arith.maximumf %x, %lo : f32\n%mn = arith.minimumf %mx, %hi : f32\n"
-        "%a = arith.addf %f, %c : f32\n%r = arith.addf %a, %mn : f32",
+        (
+            "%f = math.floor %x : f32\n%c = math.ceil %x : f32\n%lo = arith.constant -0.5 : f32\n"
+            "%hi = arith.constant 0.25 : f32\n%mx = arith.maximumf %x, %lo : f32\n%mn = arith.minimumf %mx, %hi : f32\n"
+            "%a = arith.addf %f, %c : f32\n%r = arith.addf %a, %mn : f32"
+        ),
         lambda x: torch.floor(x) + torch.ceil(x) + x.clamp(-0.5, 0.25),
     ),
     "cmpf_select_ext_trunc": (
-        "%z = arith.constant 0.0 : f32\n%neg = arith.cmpf olt, %x, %z : f32\n%e = arith.extf %x : f32 to f64\n"
-        "%t = arith.truncf %e : f64 to f32\n%n = arith.negf %t : f32\n%r = arith.select %neg, %n, %t : f32",
+        (
+            "%z = arith.constant 0.0 : f32\n%neg = arith.cmpf olt, %x, %z : f32\n%e = arith.extf %x : f32 to f64\n"
+            "%t = arith.truncf %e : f64 to f32\n%n = arith.negf %t : f32\n%r = arith.select %neg, %n, %t : f32"
+        ),
         lambda x: x.abs(),
     ),
 }
@@ -372,32 +430,43 @@ INT_CASES = {
     "divsi": ("%r = arith.divsi %d32, %c3 : i32", lambda b, h, i, j: math.trunc((i - j) / 3)),
     "floordivsi": ("%r = arith.floordivsi %d32, %c3 : i32", lambda b, h, i, j: (i - j) // 3),
     "remsi": ("%r = arith.remsi %d32, %c3 : i32", lambda b, h, i, j: int(math.fmod(i - j, 3))),
-    "div_by_zero": ("%z = arith.constant 0 : i32\n%r = arith.divsi %d32, %z : i32", lambda b, h, i, j: 0),
+    "div_by_zero": (
+        "%z = arith.constant 0 : i32\n%r = arith.divsi %d32, %z : i32",
+        lambda b, h, i, j: 0,
+    ),
     "addi_wraps_i32": (
         "%big = arith.constant 2147483647 : i32\n%hi = arith.index_cast %h : index to i32\n%r = arith.addi %big, %hi : i32",
         lambda b, h, i, j: wrap(2147483647 + h, 32),
     ),
     "muli_maxsi_minsi_xori": (
-        "%m = arith.muli %d32, %d32 : i32\n%mx = arith.maxsi %m, %c3 : i32\n%mn = arith.minsi %d32, %c3 : i32\n"
-        "%xo = arith.xori %mx, %mn : i32\n%r = arith.subi %xo, %c3 : i32",
+        (
+            "%m = arith.muli %d32, %d32 : i32\n%mx = arith.maxsi %m, %c3 : i32\n%mn = arith.minsi %d32, %c3 : i32\n"
+            "%xo = arith.xori %mx, %mn : i32\n%r = arith.subi %xo, %c3 : i32"
+        ),
         lambda b, h, i, j: (max((i - j) ** 2, 3) ^ min(i - j, 3)) - 3,
     ),
     "trunci_extsi": (
-        "%c100 = arith.constant 100 : i32\n%m = arith.muli %d32, %c100 : i32\n%t = arith.trunci %m : i32 to i8\n"
-        "%r = arith.extsi %t : i8 to i32",
+        (
+            "%c100 = arith.constant 100 : i32\n%m = arith.muli %d32, %c100 : i32\n%t = arith.trunci %m : i32 to i8\n"
+            "%r = arith.extsi %t : i8 to i32"
+        ),
         lambda b, h, i, j: wrap((i - j) * 100, 8),
     ),
     "cmpi_unsigned_and_i1_casts": (
-        "%c5 = arith.constant 5 : index\n%u = arith.cmpi ult, %d, %c5 : index\n%z = arith.constant 0 : i32\n"
-        "%neg = arith.cmpi slt, %d32, %z : i32\n%e1 = arith.extui %u : i1 to i32\n%e2 = arith.extsi %neg : i1 to i32\n"
-        "%c10 = arith.constant 10 : i32\n%s = arith.muli %e1, %c10 : i32\n%r = arith.addi %s, %e2 : i32",
+        (
+            "%c5 = arith.constant 5 : index\n%u = arith.cmpi ult, %d, %c5 : index\n%z = arith.constant 0 : i32\n"
+            "%neg = arith.cmpi slt, %d32, %z : i32\n%e1 = arith.extui %u : i1 to i32\n%e2 = arith.extsi %neg : i1 to i32\n"
+            "%c10 = arith.constant 10 : i32\n%s = arith.muli %e1, %c10 : i32\n%r = arith.addi %s, %e2 : i32"
+        ),
         lambda b, h, i, j: 10 * int(0 <= i - j < 5) - int(i - j < 0),
     ),
     "batch_index_and_or": (
-        "%bi = arith.index_cast %b : index to i32\n%one = arith.constant 1 : i32\n%isb1 = arith.cmpi eq, %bi, %one : i32\n"
-        "%z = arith.constant 0 : i32\n%pos = arith.cmpi sgt, %d32, %z : i32\n%a = arith.andi %isb1, %pos : i1\n"
-        "%o = arith.ori %isb1, %pos : i1\n%ea = arith.extui %a : i1 to i32\n%eo = arith.extui %o : i1 to i32\n"
-        "%c2 = arith.constant 2 : i32\n%eo2 = arith.muli %eo, %c2 : i32\n%r = arith.addi %ea, %eo2 : i32",
+        (
+            "%bi = arith.index_cast %b : index to i32\n%one = arith.constant 1 : i32\n%isb1 = arith.cmpi eq, %bi, %one : i32\n"
+            "%z = arith.constant 0 : i32\n%pos = arith.cmpi sgt, %d32, %z : i32\n%a = arith.andi %isb1, %pos : i1\n"
+            "%o = arith.ori %isb1, %pos : i1\n%ea = arith.extui %a : i1 to i32\n%eo = arith.extui %o : i1 to i32\n"
+            "%c2 = arith.constant 2 : i32\n%eo2 = arith.muli %eo, %c2 : i32\n%r = arith.addi %ea, %eo2 : i32"
+        ),
         lambda b, h, i, j: int(b == 1 and i > j) + 2 * int(b == 1 or i > j),
     ),
 }
@@ -410,7 +479,10 @@ def test_score_mod_integer_ops(name):
     text = score_mod_program(INT_PRELUDE + body + "\n%f = arith.sitofp %r : i32 to f32", "%f")
     got = run(text, q, k, v, return_all=True)["s1"]
     expect = torch.tensor(
-        [[[[fn(b, h, i, j) for j in range(SKV)] for i in range(SQ)] for h in range(4)] for b in range(B)],
+        [
+            [[[fn(b, h, i, j) for j in range(SKV)] for i in range(SQ)] for h in range(4)]
+            for b in range(B)
+        ],
         dtype=torch.float64,
     )
     torch.testing.assert_close(got, expect, **TOL)
@@ -428,7 +500,9 @@ def test_score_mod_2d_capture_gathers():
 def test_unsupported_region_op_is_named():
     q, k, v = qkv()
     text = score_mod_program("%r = math.atan %x : f32", "%r")
-    with pytest.raises(RegionEvaluationError, match="cannot evaluate 'math.atan' in attn.score_mod"):
+    with pytest.raises(
+        RegionEvaluationError, match="cannot evaluate 'math.atan' in attn.score_mod"
+    ):
         run(text, q, k, v)
 
 
@@ -463,24 +537,37 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(with_sinks):
     sq, skv = 9, 5  # bottom_right causal: rows q < 4 see no key
     q, k, v = (t.clone().requires_grad_() for t in qkv(sq=sq, skv=skv))
     sinks = rand(4, seed=3).requires_grad_()
-    extra, softmax = (", %sk: tensor<4xf32>", "sinks %sk : $S, tensor<4xf32>") if with_sinks else ("", ": $S")
-    text = program(['attn.mask causal $in {align = "bottom_right"} : $S'], extra=extra, softmax=softmax, lse=True)
+    extra, softmax = (
+        (", %sk: tensor<4xf32>", "sinks %sk : $S, tensor<4xf32>") if with_sinks else ("", ": $S")
+    )
+    text = program(
+        ['attn.mask causal $in {align = "bottom_right"} : $S'],
+        extra=extra,
+        softmax=softmax,
+        lse=True,
+    )
     out, lse = run(text, q, k, v, *((sinks,) if with_sinks else ()))
     assert torch.equal(out[:, :, :4], torch.zeros_like(out[:, :, :4]))
-    dead_lse = sinks.detach().view(1, -1, 1).expand(B, 4, 4) if with_sinks else torch.full((B, 4, 4), float("-inf"))
+    dead_lse = (
+        sinks.detach().view(1, -1, 1).expand(B, 4, 4)
+        if with_sinks
+        else torch.full((B, 4, 4), float("-inf"))
+    )
     assert torch.equal(lse[:, :, :4].detach(), dead_lse.double())
     live, live_lse = hand_attention(*(t.detach() for t in (q, k, v)), keep=keep_from(lambda b, i, j: j <= i - 4, sq, skv),
                                     sinks=sinks.detach() if with_sinks else None)  # fmt: skip
     torch.testing.assert_close(out[:, :, 4:], live[:, :, 4:], **TOL)
     torch.testing.assert_close(lse[:, :, 4:], live_lse[:, :, 4:], **TOL)
-    (out.square().sum() + lse.sum()).backward()  # lse.sum() is -inf without sinks: still finite grads
+    (
+        out.square().sum() + lse.sum()
+    ).backward()  # lse.sum() is -inf without sinks: still finite grads
     for t in (q, k, v, sinks) if with_sinks else (q, k, v):
         assert torch.isfinite(t.grad).all()
     assert torch.equal(q.grad[:, :, :4], torch.zeros_like(q.grad[:, :, :4]))
 
 
 def test_gradcheck_softcap_alibi_sinks():
-    shape = dict(hq=2, hkv=1, d=4)
+    shape = {"hq": 2, "hkv": 1, "d": 4}
     text = program(
         ["attn.bias alibi $in {max_bias = 4.0} : $S", "attn.softcap $in {cap = 1.5} : $S",
          'attn.mask causal $in {align = "bottom_right"} : $S'],
@@ -503,9 +590,276 @@ def test_gradcheck_prep_ops_and_score_mod_capture():
         "%qr = attn.rope %qn {rotary_dim = 2} : tensor<?x2x?x4xf32>"
     )
     mod = SCORE_MOD_TABLE.replace("tensor<4xf32>", "tensor<2xf32>")
-    text = program([mod], hq=2, hkv=2, d=4, prep=prep, qk=("%qr", "%k"), extra=", %nw: tensor<4xf32>, %tab: tensor<2xf32>")
+    text = program(
+        [mod],
+        hq=2,
+        hkv=2,
+        d=4,
+        prep=prep,
+        qk=("%qr", "%k"),
+        extra=", %nw: tensor<4xf32>, %tab: tensor<2xf32>",
+    )
     module = parse_program(text)
     g = torch.Generator().manual_seed(5)
     shapes = [(1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4), (4,), (2,)]
-    inputs = tuple(torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes)
+    inputs = tuple(
+        torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes
+    )
     assert torch.autograd.gradcheck(lambda *a: run(module, *a), inputs)
+
+
+# ---------------------------------------------------------------------------- rope
+
+
+def hf_rope(x, inv_freq, positions, style, attention_scaling=1.0):
+    """HF-style application: cat(freqs, freqs) / GPT-J repeat_interleave tables, rotate_half."""
+    rd = 2 * inv_freq.numel()
+    freqs = positions.double()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], -1) if style == "half" else freqs.repeat_interleave(2, -1)
+    cos, sin = emb.cos() * attention_scaling, emb.sin() * attention_scaling
+    if positions.dim() == 2:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    xr, xp = x[..., :rd], x[..., rd:]
+    if style == "half":
+        rotated = torch.cat([-xr[..., rd // 2 :], xr[..., : rd // 2]], -1)
+    else:
+        rotated = torch.stack([-xr[..., 1::2], xr[..., 0::2]], -1).flatten(-2)
+    return torch.cat([xr * cos + rotated * sin, xp], -1)
+
+
+def default_inv_freq(theta: float, rd: int) -> torch.Tensor:
+    return 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+
+
+def meta_llama3(freqs, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """`apply_scaling` from Meta's llama-models (a per-frequency loop)."""
+    low_freq_wavelen, high_freq_wavelen = (
+        old_context_len / low_freq_factor,
+        old_context_len / high_freq_factor,
+    )
+    out, kinds = [], set()
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(freq)
+            kinds.add("high")
+        elif wavelen > low_freq_wavelen:
+            out.append(freq / factor)
+            kinds.add("low")
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor
+            )
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+            kinds.add("medium")
+    assert kinds == {"high", "low", "medium"}, "the case must exercise all three bands"
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def yarn_paper(theta, rd, factor, orig, beta_fast, beta_slow, truncate):
+    """YaRN's reference (jquesnelle/yarn `_yarn_find_correction_range`, ramp mask), per element."""
+
+    def correction_dim(rot):
+        return (rd * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rd - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for i in range(rd // 2):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        extrapolate = 1.0 - ramp
+        base = theta ** (2 * i / rd)
+        out.append((1 / (factor * base)) * (1 - extrapolate) + (1 / base) * extrapolate)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+ROPE_CASES = {
+    "half_full": ("", "half", lambda d: default_inv_freq(10000.0, d), 16, 1.0),
+    "interleaved_partial": ('{style = "interleaved", theta = 500.0, rotary_dim = 8}', "interleaved", lambda d: default_inv_freq(500.0, 8), 16, 1.0),
+    "half_partial": ("{rotary_dim = 10}", "half", lambda d: default_inv_freq(10000.0, 10), 16, 1.0),
+    "linear": ('{scaling = "linear", factor = 4.0}', "half", lambda d: default_inv_freq(10000.0, d) / 4, 16, 1.0),
+    "llama3": (
+        '{theta = 10000.0, scaling = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 1024}',
+        "half", lambda d: meta_llama3(default_inv_freq(10000.0, d), 8.0, 1.0, 4.0, 1024), 32, 1.0,
+    ),
+    "yarn_truncated": (
+        '{theta = 150000.0, scaling = "yarn", factor = 32.0, original_max_position = 4096}',
+        "half", lambda d: yarn_paper(150000.0, d, 32.0, 4096, 32.0, 1.0, True), 64, 0.1 * math.log(32.0) + 1,
+    ),
+    "yarn_gpt_oss": (
+        '{theta = 150000.0, scaling = "yarn", factor = 32.0, original_max_position = 4096, truncate = 0, beta_fast = 32.0, beta_slow = 1.0}',
+        "half", lambda d: yarn_paper(150000.0, d, 32.0, 4096, 32.0, 1.0, False), 64, 0.1 * math.log(32.0) + 1,
+    ),
+    "yarn_interleaved_partial_attention_factor": (
+        '{style = "interleaved", rotary_dim = 24, scaling = "yarn", factor = 4.0, original_max_position = 256, beta_fast = 16.0, beta_slow = 2.0, attention_factor = 1.5}',
+        "interleaved", lambda d: yarn_paper(10000.0, 24, 4.0, 256, 16.0, 2.0, True), 32, 1.5,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ROPE_CASES))
+@pytest.mark.parametrize("positions", ["index", "offset", "operand_1d", "operand_2d"])
+def test_rope(name, positions):
+    opts, style, inv_freq_fn, d, attention_scaling = ROPE_CASES[name]
+    q, k, v = qkv(d=d)
+    pos_q, pos_k = torch.arange(SQ), torch.arange(SKV)
+    extra, args, kw_q, kw_k = "", (), "", ""
+    if positions == "offset":
+        opts = "{offset = 37}" if not opts else opts[:-1] + ", offset = 37}"
+        pos_q, pos_k = pos_q + 37, pos_k + 37
+    elif positions.startswith("operand"):
+        shape_q, shape_k = ((SQ,), (SKV,)) if positions == "operand_1d" else ((B, SQ), (B, SKV))
+        pos_q = torch.randint(0, 5000, shape_q, generator=torch.Generator().manual_seed(8))
+        pos_k = torch.randint(0, 5000, shape_k, generator=torch.Generator().manual_seed(9))
+        pty = "tensor<?xi32>" if positions == "operand_1d" else "tensor<?x?xi64>"
+        extra, args = f", %pq: {pty}, %pk: {pty}", (pos_q.int(), pos_k)
+        kw_q, kw_k = " positions %pq", " positions %pk"
+    tq, tk = tt(4, d), tt(4, d)
+    types_q, types_k = (f"{tq}, {pty}", f"{tk}, {pty}") if kw_q else (tq, tk)
+    prep = (
+        f"%qr = attn.rope %q{kw_q} {opts} : {types_q}\n%kr = attn.rope %k{kw_k} {opts} : {types_k}"
+    )
+    text = program(d=d, prep=prep, qk=("%qr", "%kr"), extra=extra)
+    values = run(text, q, k, v, *args, return_all=True)
+    inv_freq = inv_freq_fn(d)
+    q_rot, k_rot = (
+        hf_rope(q, inv_freq, pos_q, style, attention_scaling),
+        hf_rope(k, inv_freq, pos_k, style, attention_scaling),
+    )
+    torch.testing.assert_close(values["qr"], q_rot, **TOL)
+    torch.testing.assert_close(values["kr"], k_rot, **TOL)
+    torch.testing.assert_close(values["o"], F.scaled_dot_product_attention(q_rot, k_rot, v), **TOL)
+
+
+def test_llama3_example_matches_sdpa():
+    with open("examples/llama3.attn") as f:
+        text = f.read()
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, h, 5, 128, generator=g, dtype=torch.float64) for h in (32, 8, 8))
+    inv_freq, pos = default_inv_freq(500000.0, 128), torch.arange(5)
+    expect = F.scaled_dot_product_attention(
+        hf_rope(q, inv_freq, pos, "half"),
+        hf_rope(k, inv_freq, pos, "half"),
+        v,
+        is_causal=True,
+        enable_gqa=True,
+    )
+    torch.testing.assert_close(
+        run(text, q.float(), k.float(), v.float()), expect.float().double(), rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(run(text, q, k, v), expect, **TOL)
+
+
+# ------------------------------------------------------------------------- qk_norm
+
+
+@pytest.mark.parametrize("weighted,offset", [(False, None), (True, None), (True, 1.0)])
+def test_qk_norm(weighted, offset):
+    q, k, v = qkv()
+    wq, wk = rand(16, seed=21), rand(16, seed=22)
+    opts = "{eps = 0.01" + (f", weight_offset = {offset}" if offset is not None else "") + "}"
+    if weighted:
+        prep = (f"%qn = attn.qk_norm %q weight %wq {opts} : {tt(4, 16)}, tensor<16xf32>\n"
+                f"%kn = attn.qk_norm %k weight %wk {opts} : {tt(4, 16)}, tensor<16xf32>")  # fmt: skip
+        extra, args = ", %wq: tensor<16xf32>, %wk: tensor<16xf32>", (wq, wk)
+    else:
+        prep = f"%qn = attn.qk_norm %q {opts} : {tt(4, 16)}\n%kn = attn.qk_norm %k {opts} : {tt(4, 16)}"
+        extra, args = "", ()
+    values = run(
+        program(prep=prep, qk=("%qn", "%kn"), extra=extra), q, k, v, *args, return_all=True
+    )
+    off = offset or 0.0
+    qn = F.rms_norm(q, (16,), wq + off if weighted else None, eps=0.01)
+    kn = F.rms_norm(k, (16,), wk + off if weighted else None, eps=0.01)
+    torch.testing.assert_close(values["qn"], qn, **TOL)
+    torch.testing.assert_close(values["kn"], kn, **TOL)
+    torch.testing.assert_close(values["o"], F.scaled_dot_product_attention(qn, kn, v), **TOL)
+
+
+# ------------------------------------------------------------------------- dropout
+
+
+def hand_dropout_keep(
+    seed: int, b_count: int, h_count: int, sq: int, skv: int, p: float
+) -> torch.Tensor:
+    """Per (b, h): `tl.rand(seed + ((b*H + h) << 32) wrapped to int64, q*Skv + kv) >= f32(p)`."""
+    keep = torch.empty(b_count, h_count, sq, skv, dtype=torch.bool)
+    for b in range(b_count):
+        for h in range(h_count):
+            key = (seed + ((b * h_count + h) << 32) + 2**63) % 2**64 - 2**63
+            u = rng.rand(key, torch.arange(sq * skv)).view(sq, skv)
+            keep[b, h] = u >= torch.tensor(p, dtype=torch.float32)
+    return keep
+
+
+@pytest.mark.parametrize("seed", [1234, 2**33 + 5, -7, 2**63 - 1])
+def test_dropout(seed):
+    q, k, v = qkv()
+    text = program(["attn.mask causal $in : $S"], extra=", %seed: i64", dropout="p = 0.3")
+    keep = hand_dropout_keep(seed, B, 4, SQ, SKV, 0.3)
+    assert 0.5 < keep.double().mean() < 0.9
+    s = hand_scores(q, k).masked_fill(~keep_from(lambda b, i, j: j <= i), float("-inf"))
+    expect = (torch.softmax(s, -1) * keep / 0.7) @ v
+    torch.testing.assert_close(run(text, q, k, v, seed), expect, **TOL)
+    torch.testing.assert_close(run(text, q, k, v, torch.tensor(seed)), expect, **TOL)
+
+
+def test_dropout_zero_is_identity():
+    q, k, v = qkv()
+    text = program(extra=", %seed: i64", dropout="p = 0.0")
+    torch.testing.assert_close(
+        run(text, q, k, v, 99), F.scaled_dot_product_attention(q, k, v), **TOL
+    )
+
+
+# ------------------------------------------------------------------- calling rules
+
+
+def test_argument_checks():
+    q, k, v = qkv()
+    text = program(["attn.mask prefix_lm $in, %n : $S, tensor<?xi32>"], extra=", %n: tensor<?xi32>")
+    with pytest.raises(ReferenceError, match=r"@f takes 4 arguments, got 3"):
+        run(text, q, k, v)
+    with pytest.raises(
+        ReferenceError,
+        match=r"argument 2 'v': expected shape \[\?, 4, \?, 16\], got \(2, 3, 13, 16\)",
+    ):
+        run(text, q, k, v[:, :3], torch.tensor([1, 2]))
+    with pytest.raises(
+        ReferenceError, match=r"argument 3 'n': expected shape \[\?\], got \(2, 1\)"
+    ):
+        run(text, q, k, v, torch.tensor([[1], [2]]))
+    with pytest.raises(ReferenceError, match=r"argument 3 'n': expected an integer tensor"):
+        run(text, q, k, v, torch.tensor([1.0, 2.0]))
+    with pytest.raises(ReferenceError, match=r"argument 0 'q': expected a float tensor"):
+        run(text, q.long(), k, v, torch.tensor([1, 2]))
+    seeded = program(extra=", %seed: i64", dropout="p = 0.1")
+    with pytest.raises(ReferenceError, match=r"argument 3 'seed': expected an int"):
+        run(seeded, q, k, v, 1.5)
+
+
+def test_float32_inputs_are_cast_and_keep_gradients():
+    q, k, v = (t.float().requires_grad_() for t in qkv())
+    out = run(program(), q, k, v)
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32
+
+
+def test_module_entry_and_result_tuple():
+    q, k, v = qkv()
+    text = program() + "\n" + program(["attn.mask causal $in : $S"], lse=True).replace("@f", "@g")
+    module = parse_program(text)
+    assert isinstance(module, ModuleOp)
+    torch.testing.assert_close(run(module, q, k, v), F.scaled_dot_product_attention(q, k, v), **TOL)
+    out, lse = run(module, q, k, v, entry="g")
+    torch.testing.assert_close(
+        out, hand_attention(q, k, v, keep=keep_from(lambda b, i, j: j <= i))[0], **TOL
+    )
+    assert lse.shape == (B, 4, SQ)
+    with pytest.raises(ReferenceError, match="no func.func @h"):
+        run(module, q, k, v, entry="h")

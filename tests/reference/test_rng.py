@@ -99,7 +99,7 @@ def triton_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, str(script), str(out), ",".join(str(s) for s in SEEDS)],
-        env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent,
+        check=False, env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
