@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
@@ -46,6 +46,9 @@ from attnfuse.passes import (
     register_pass,
     unregister_pass,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -153,6 +156,8 @@ def dependency_graph(
     pass_classes: Sequence[type[ModulePass]], available: Mapping[str, PassFactory]
 ) -> nx.DiGraph:
     """Graph of declared prerequisites (edge ``prerequisite -> pass``), transitively."""
+    import networkx as nx  # lazily: it is a sizeable import for the driver's startup
+
     graph: nx.DiGraph = nx.DiGraph()
     todo: list[type[ModulePass]] = list(pass_classes)
     seen: set[str] = set()
@@ -181,6 +186,8 @@ Step = tuple[str, type[ModulePass]]
 
 def _suggest(steps: Sequence[Step], graph: nx.DiGraph) -> list[str] | None:
     """Pass names close to ``steps`` that run every prerequisite first."""
+    import networkx as nx
+
     names = [n for n, _ in steps]
     if len(set(names)) != len(names):
         return None  # repeated passes: no unambiguous reordering
@@ -222,6 +229,10 @@ def check_prerequisites(
     passes: Sequence[ModulePass], available: Mapping[str, PassFactory] | None = None
 ) -> None:
     """Raise if declared prerequisites are cyclic or do not run earlier."""
+    if not any(_declared(type(p), "requires") for p in passes):
+        return  # nothing declared: nothing to check (and no networkx import)
+    import networkx as nx
+
     available = available_passes() if available is None else available
     graph = dependency_graph([type(p) for p in passes], available)
     try:

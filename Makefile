@@ -1,0 +1,34 @@
+# AttnFuse: `make demo` and `make test` set up .venv on first use, then run.
+#
+# Setup is idempotent: it re-runs only when pyproject.toml changes (stamp file).
+# Variables: PYTHON (interpreter that creates the venv, >= 3.11), VENV (its path),
+# TORCH_PIP_ARGS (extra pip arguments for torch, e.g. a CPU wheel index:
+# TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu").
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_PIP_ARGS ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.attnfuse-setup-stamp
+
+.PHONY: demo test setup clean-setup
+
+demo: $(STAMP)
+	$(PY) -m attnfuse.demo
+
+# pytest exits 5 when no test is collected: that is not a failure.
+test: $(STAMP)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -e '.[test]' triton==3.6.0
+	touch $@
+
+clean-setup:
+	rm -f $(STAMP)
