@@ -11,8 +11,8 @@ values = run(program_text, q, k, v, return_all=True)  # {"q": ..., "qr": ..., "s
 A program is a `func.func` whose arguments are passed positionally: tensors (torch, or
 anything `torch.as_tensor` takes) for tensor arguments, Python ints or 0-d integer tensors
 for integer scalars (seeds). Arguments are checked against the signature (count, rank,
-static dims, float vs integer), float tensors are cast to float64 (differentiably) and
-integer tensors to int64. Every GPU kernel is tested against this module.
+static dims, float vs integer), float tensors are cast to float64 (differentiably),
+integer tensors to int64 (i1 tensors to bool). Every GPU kernel is tested against this module.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def _check_argument(index: int, name: str, ty: Attribute, data: object) -> Value
                 raise ReferenceError(
                     f"{where}: expected an integer tensor ({ty.element_type}), got {t.dtype}"
                 )
+            if isinstance(ty.element_type, IntegerType) and ty.element_type.width.data == 1:
+                return t.to(torch.bool)
             return t.to(torch.int64)
         if not t.is_floating_point():
             raise ReferenceError(

@@ -63,7 +63,9 @@ class Frame:
 
     def tensor(self, value: SSAValue) -> torch.Tensor:
         data = self.values[value]
-        return data if isinstance(data, torch.Tensor) else torch.tensor(data)
+        if isinstance(data, torch.Tensor):
+            return data
+        return torch.tensor(data, dtype=torch.float64 if isinstance(data, float) else torch.int64)
 
     def optional(self, value: SSAValue | None) -> torch.Tensor | None:
         return None if value is None else self.tensor(value)

@@ -863,3 +863,37 @@ def test_module_entry_and_result_tuple():
     assert lse.shape == (B, 4, SQ)
     with pytest.raises(ReferenceError, match="no func.func @h"):
         run(module, q, k, v, entry="h")
+
+
+BLOCK_MASK = """attn.mask custom $in, %blocks, %win : $S, tensor<?x?xi1>, i32 {
+^bb0(%b: index, %h: index, %qi: index, %ki: index, %t: tensor<?x?xi1>, %w: i32):
+  %c4 = arith.constant 4 : index
+  %qb = arith.divsi %qi, %c4 : index
+  %kb = arith.divsi %ki, %c4 : index
+  %block = tensor.extract %t[%qb, %kb] : tensor<?x?xi1>
+  %d = arith.subi %qi, %ki : index
+  %d32 = arith.index_cast %d : index to i32
+  %near = arith.cmpi sle, %d32, %w : i32
+  %keep = arith.andi %block, %near : i1
+  attn.yield %keep : i1
+}"""
+
+
+def test_custom_mask_with_i1_table_and_scalar_capture():
+    q, k, v = qkv()
+    blocks = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=torch.bool)
+    text = program([BLOCK_MASK], extra=", %blocks: tensor<?x?xi1>, %win: i32")
+    keep = keep_from(lambda b, i, j: bool(blocks[i // 4, j // 4]) and i - j <= 2)
+    expect, _ = hand_attention(q, k, v, keep=keep)
+    torch.testing.assert_close(run(text, q, k, v, blocks, 2), expect, **TOL)
+
+
+def test_score_mod_float_scalar_capture():
+    q, k, v = qkv()
+    region = """attn.score_mod $in, %t : $S, f32 {
+^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index, %temp: f32):
+  %r = arith.divf %x, %temp : f32
+  attn.yield %r : f32
+}"""
+    values = run(program([region], extra=", %t: f32"), q, k, v, 0.7, return_all=True)
+    torch.testing.assert_close(values["s1"], hand_scores(q, k) / 0.7, **TOL)
