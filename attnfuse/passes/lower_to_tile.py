@@ -191,9 +191,11 @@ class LowerToTilePass(ModulePass):
         block_m = online.int_option("block_m")
         hq = program.heads[0]
         out = host.alloc(online.output.type, [batch, q_len], "out")
-        lse = None
-        if online.lse is not None and program.lse_index is not None:
-            lse = host.alloc(online.lse.type, [batch, q_len], "lse")
+        # The lse is always produced: the backward needs it and return_lse exposes it.
+        assert isinstance(online.output.type, TensorType)
+        out_shape = online.output.type.get_shape()
+        lse_type = TensorType(f32, out_shape[:3])
+        lse = host.alloc(lse_type, [batch, q_len], "lse")
         planned = set(effective_masks(program.score_ops)) if (
             online.int_option("band_exact") or online.str_option("block_map") == "runtime"
         ) else set()
@@ -217,14 +219,11 @@ class LowerToTilePass(ModulePass):
 
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)
-        results = [out] + ([lse] if lse is not None else [])
-        if program.lse_index == 0:
-            results.reverse()
-        if counter is not None:
-            results.append(counter)
-            function.function_type = func.FunctionType.from_lists(
-                function.function_type.inputs.data, [*function.function_type.outputs.data, counter.type]
-            )
+        # Host functions return (out, lse[, tile_count]), whatever the program returned.
+        results = [out, lse] + ([counter] if counter is not None else [])
+        function.function_type = func.FunctionType.from_lists(
+            function.function_type.inputs.data, [r.type for r in results]
+        )
         new_ret = func.ReturnOp(*results)
         host.builder.insert(new_ret)
         # Everything after the new return is the attention program: drop it.
