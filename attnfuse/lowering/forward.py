@@ -190,7 +190,7 @@ class ForwardKernel:
         mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
         b.store(o_base, offs, b.cast(out, self._dtype(spec.out)), mask=mask)
         if self.lse_arg is not None:
-            lse = b.where(b.eq(l_i, 0.0), float("-inf"), b.mul(b.add(m_i, b.log2(l_i)), LN2), name="lse")
+            lse = b.where(b.eq(l_i, 0.0), float("-inf"), b.mul(b.add(m_i, b.log2(l_safe)), LN2), name="lse")
             base = self.lse_arg.base(b, batch, head)
             b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
         return b.finish()

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, Region
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -74,7 +74,9 @@ class MergeBandMasks(RewritePattern):
                 props["right"] = IntegerAttr(merged.upper, i64)
         if merged.align != "top_left":
             props["align"] = StringAttr(merged.align)
-        new = MaskOp.build(operands=[inner.input, []], result_types=[op.output.type], properties=props)
+        new = MaskOp.build(
+            operands=[inner.input, []], result_types=[op.output.type], properties=props, regions=[Region()]
+        )
         rewriter.replace(op, new)
         rewriter.erase(inner)
 

@@ -1,0 +1,121 @@
+"""Random inputs for attention programs, and dtype-justified tolerances.
+
+Used by the test suite and the GPU checks: `make_inputs` reads a program's signature and
+builds fresh random arguments for it (never zeros): q/k/v ~ N(0, 1); position ids
+`arange(S)` (plus a random shift); document ids as sorted random segments; prefix lengths
+in [0, S]; norm weights ~ 1 + 0.1 N(0, 1); sinks, slopes and bias tables ~ N(0, 1) at
+the right scale; seeds as Python ints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import IntegerType, TensorType
+
+from attnfuse.backends.triton.runtime import torch_dtype
+
+TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
+    # (atol, rtol) of |out - ref| <= atol + rtol * |ref|. The kernel rounds rotated /
+    # normalised q and k to the input dtype before QK^T and P to it before PV, and the
+    # output once more: a few roundings of the dtype's unit (bf16 2^-8, fp16 2^-11,
+    # fp32 2^-24 relative), amplified by exp where scores are large.
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (3e-3, 3e-3),
+    torch.bfloat16: (2.5e-2, 2.5e-2),
+}
+
+
+def _segments(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    ids = torch.zeros(batch, length, dtype=torch.int32)
+    for row in range(batch):
+        cuts = torch.randint(1, max(2, length), (3,), generator=generator).sort().values
+        for cut in cuts:
+            ids[row, int(cut):] += 1
+    return ids
+
+
+def make_inputs(
+    function: func.FuncOp,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> list[Any]:
+    """Random arguments for `function` (an attention program's func.func)."""
+    g = torch.Generator().manual_seed(seed)
+    args: list[Any] = []
+    for index, arg in enumerate(function.args):
+        ty = arg.type
+        name = arg.name_hint or ""
+        if not isinstance(ty, TensorType):
+            assert isinstance(ty, IntegerType)
+            args.append(int(torch.randint(0, 2**40, (1,), generator=g)))
+            continue
+        shape = list(ty.get_shape())
+        dtype = torch_dtype(ty.element_type)
+        seq = q_len if index == 0 else kv_len
+        if len(shape) == 4 and index < 3:
+            shape = [batch, shape[1], seq, shape[3]]
+            args.append(torch.randn(shape, generator=g).to(dtype).to(device))
+        elif len(shape) == 4:  # bias table, broadcast dims stay 1
+            full = [batch, shape[1], q_len, kv_len]
+            shape = [1 if d == 1 else full[i] for i, d in enumerate(shape)]
+            args.append(torch.randn(shape, generator=g).to(dtype).to(device))
+        elif dtype in (torch.int32, torch.int64):
+            if len(shape) == 2 and ("pos" in name):
+                pos = torch.arange(kv_len).repeat(batch, 1) + torch.randint(0, 64, (batch, 1), generator=g)
+                args.append(pos.to(dtype).to(device))
+            elif len(shape) == 2:
+                args.append(_segments(batch, kv_len, g).to(dtype).to(device))
+            else:
+                args.append(torch.randint(0, kv_len + 1, (batch,), generator=g).to(dtype).to(device))
+        elif len(shape) == 1:
+            n = shape[0] if shape[0] > 0 else kv_len
+            values = torch.randn(n, generator=g)
+            if "w" in name or "weight" in name:
+                values = 1.0 + 0.1 * values
+            args.append(values.to(dtype).to(device))
+        else:
+            args.append(torch.randn([max(d, 1) for d in shape], generator=g).to(dtype).to(device))
+    return args
+
+
+def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref|, with NaN anywhere counted as infinite."""
+    diff = (out.double().cpu() - ref.double().cpu()).abs()
+    if torch.isnan(diff).any():
+        return float("inf")
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """Check `out` against the float64 reference with the tolerance of `dtype`
+    (default: out's dtype); -inf entries (lse of empty rows) must match exactly."""
+    atol, rtol = TOLERANCE[dtype or out.dtype]
+    got, want = out.double().cpu(), ref.double().cpu()
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert not torch.isnan(got).any(), "NaN in the output"
+    same_inf = (got == want) & torch.isinf(want)
+    finite = ~same_inf
+    excess = ((got - want).abs() - (atol + rtol * want.abs()))[finite]
+    if excess.numel() and float(excess.max()) > 0:
+        worst = int(excess.argmax())
+        raise AssertionError(
+            f"max error {max_error(got[finite], want[finite]):.3e} exceeds atol={atol} rtol={rtol} "
+            f"(worst: got {float(got[finite][worst]):.6f}, want {float(want[finite][worst]):.6f})"
+        )
+
+
+def with_dtype(text: str, dtype: str) -> str:
+    """A program's text with its q/k/v element type (bf16, f16 or f32) replaced."""
+    import re
+
+    return re.sub(r"(tensor<[^<>]*x)(bf16|f16|f32)>", lambda m: m.group(1) + dtype + ">" if m.group(1).count("x") == 4 else m.group(0), text)
+
+
+__all__ = ["TOLERANCE", "assert_close", "make_inputs", "max_error", "with_dtype"]
