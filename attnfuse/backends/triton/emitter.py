@@ -65,7 +65,55 @@ import triton
 import triton.language as tl
 """
 
-_RESERVED = frozenset({*keyword.kwlist, *dir(builtins), "tl", "triton"})
+# Helper @triton.jit functions, written into the module that uses them. Emitted code
+# calls Triton *builtins* only, never library @triton.jit functions (`tl.max`, `tl.sum`,
+# `tl.rand`, `tl.cdiv`, ...): those are built once, as compiled or as interpreted
+# functions, when `triton` is imported (from TRITON_INTERPRET), so a module calling them
+# could not be both run by the interpreter and compiled in the same process. Helpers
+# defined here are decorated when the module is loaded, in the mode the loader asks for.
+HELPERS: dict[str, str] = {
+    "_max_combine": """\
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+""",
+    "_min_combine": """\
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+""",
+    "_sum_combine": """\
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+""",
+    "_philox_rand": """\
+@triton.jit
+def _philox_rand(seed, offset):
+    # tl.rand(seed, offset) for int32 offsets (Triton's own code, inlined):
+    # Philox-4x32-10 on (offset, 0, 0, 0) keyed by the 64-bit seed, first word to [0, 1).
+    seed = tl.cast(seed, tl.uint64)
+    k0 = tl.cast(seed & 0xFFFFFFFF, tl.uint32)
+    k1 = tl.cast((seed >> 32) & 0xFFFFFFFF, tl.uint32)
+    c0 = tl.cast(offset, tl.uint32)
+    c1 = c0 * 0
+    c2 = c1
+    c3 = c1
+    for _ in tl.static_range(10):
+        _c0, _c2 = c0, c2
+        c0 = tl.umulhi(0xCD9E8D57, _c2) ^ c1 ^ k0
+        c2 = tl.umulhi(0xD2511F53, _c0) ^ c3 ^ k1
+        c1 = tl.mul(0xCD9E8D57, _c2, sanitize_overflow=False)
+        c3 = tl.mul(0xD2511F53, _c0, sanitize_overflow=False)
+        k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
+        k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
+    x = tl.cast(c0, tl.int32, bitcast=True)
+    x = tl.where(x < 0, -x - 1, x)
+    return x * 4.6566127342e-10
+""",
+}
+
+_RESERVED = frozenset({*keyword.kwlist, *dir(builtins), "tl", "triton", *HELPERS})
 """Names the emitted code must not shadow."""
 
 
@@ -201,7 +249,7 @@ _BINARY_CALLS: dict[type[Operation], str] = {
     arith.MinimumfOp: "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
     arith.MaxnumfOp: "tl.maximum({}, {})", arith.MinnumfOp: "tl.minimum({}, {})",
     arith.MaxSIOp: "tl.maximum({}, {})", arith.MinSIOp: "tl.minimum({}, {})",
-    arith.CeilDivSIOp: "tl.cdiv({}, {})",
+    arith.CeilDivSIOp: "({0} + {1} - 1) // {1}",
 }  # fmt: skip
 _CMP_OPERATORS = {
     "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -221,7 +269,13 @@ _CASTS = (
     arith.ExtFOp, arith.TruncFOp, arith.SIToFPOp, arith.FPToSIOp, arith.ExtSIOp,
     arith.TruncIOp, arith.ExtUIOp, arith.UIToFPOp, arith.IndexCastOp, tile.ConvertOp,
 )  # fmt: skip
-_REDUCE_CALLS = {"max": "tl.max", "min": "tl.min", "sum": "tl.sum"}
+_REDUCE_COMBINERS = {
+    "max": "_max_combine",
+    "min": "_min_combine",
+    "sum": "_sum_combine",
+}
+"""`tl.reduce` combiners (helpers). `tl.reduce` keeps the element type, unlike
+`tl.max`/`tl.sum`, which widen bf16/f16 (and small integers)."""
 
 
 def _literal(value: float | int, t: Attribute) -> str:
@@ -261,12 +315,15 @@ class TritonEmitter:
         self.lines: list[str] = []
         self.depth = 1
         self.unnamed = 0
+        self.helpers: set[str] = set()
+        """Names of the `HELPERS` the module must define."""
         self.names: dict[SSAValue, str] = {}
         self.taken: set[str] = set(_RESERVED) | {kernel.sym_name.data}
         self.inlined: dict[SSAValue, str] = {}
         """Constants emitted as literals at their uses."""
-        self.splats: dict[SSAValue, SSAValue] = {}
-        """`tile.splat` results emitted as their scalar (Triton broadcasts it)."""
+        self.aliases: dict[SSAValue, SSAValue] = {}
+        """`tile.splat`/`tile.broadcast` results emitted as their operand, where
+        Triton's implicit broadcasting gives the user the same result shape."""
 
     # -- output helpers -------------------------------------------------------------
 
@@ -295,11 +352,16 @@ class TritonEmitter:
 
     def expr(self, value: SSAValue) -> str:
         """A Python expression for a value: its name, or an inlined literal."""
-        while value in self.splats:
-            value = self.splats[value]
+        while value in self.aliases:
+            value = self.aliases[value]
         if value in self.inlined:
             return self.inlined[value]
         return self.name(value)
+
+    def is_literal(self, value: SSAValue) -> bool:
+        while value in self.aliases:
+            value = self.aliases[value]
+        return value in self.inlined
 
     def assign(self, op: Operation, text: str) -> None:
         self.line(f"{self.name(op.results[0])} = {text}")
@@ -335,7 +397,8 @@ class TritonEmitter:
             self.line("pass")
 
     def _choose_inlined_constants(self) -> None:
-        for op in self.kernel.walk():
+        ops = list(self.kernel.walk())
+        for op in ops:
             if isinstance(op, arith.ConstantOp):
                 value = _splat_value(op)
                 if value is not None and all(
@@ -344,32 +407,60 @@ class TritonEmitter:
                     self.inlined[op.result] = _literal(
                         value, element_type_of(op.result.type)
                     )
-            elif isinstance(op, tile.SplatOp) and all(
-                _accepts_scalar(use.operation, use.index) for use in op.result.uses
-            ):
-                self.splats[op.result] = op.value
+        # In program order, so that each decision sees the final form of the operands
+        # decided before it (and the full shape of those decided after).
+        for op in ops:
+            if isinstance(op, tile.SplatOp | tile.BroadcastOp):
+                self.aliases[op.result] = op.operands[0]
+                if not all(self._keeps_shape(use.operation) for use in op.result.uses):
+                    del self.aliases[op.result]
+
+    def shape(self, value: SSAValue) -> tuple[int, ...]:
+        """The shape of a value as emitted (literals are scalars)."""
+        while value in self.aliases:
+            value = self.aliases[value]
+        return () if value in self.inlined else shape_of(value.type)
+
+    def _keeps_shape(self, user: Operation) -> bool:
+        """Whether `user`, emitted with the current aliases, still produces its IR
+        shape through Triton's implicit broadcasting."""
+        if _is_elementwise(user):
+            shapes = [self.shape(v) for v in user.operands]
+            return _broadcast(shapes) == shape_of(user.results[0].type)
+        if isinstance(user, tile.LoadOp | tile.StoreOp | tile.AtomicAddOp):
+            full = shape_of(user.offsets.type)
+            if self.shape(user.offsets) != full:
+                return False
+            extra = [v for v in user.operands[2:]]
+            return all(_broadcast([self.shape(v), full]) == full for v in extra)
+        return False
 
 
-def _is_scalar_like(value: SSAValue) -> bool:
-    return isinstance(value.owner, arith.ConstantOp | tile.SplatOp)
+def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """NumPy broadcast of `shapes`, or None when they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, dim in enumerate(shape, start=rank - len(shape)):
+            if dim != 1:
+                if out[i] not in (1, dim):
+                    return None
+                out[i] = dim
+    return tuple(out)
 
 
-def _accepts_scalar(user: Operation, index: int) -> bool:
-    """Whether operand `index` of `user` may be given as a scalar of the same
-    element type (Triton broadcasts it against the other, tile, operand)."""
-    if (
-        type(user) in _OPERATORS
-        or type(user) in _BINARY_CALLS
-        or isinstance(user, arith.CmpiOp | arith.CmpfOp | tile.CmpOp)
-    ):
-        return not _is_scalar_like(user.operands[1 - index])
-    if isinstance(user, tile.WhereOp | arith.SelectOp):
-        return index != 0 and not _is_scalar_like(user.operands[3 - index])
-    if isinstance(user, tile.LoadOp):
-        return user.other is not None and index == len(user.operands) - 1
-    if isinstance(user, tile.StoreOp | tile.AtomicAddOp):
-        return index == 2
-    return False
+def _is_elementwise(op: Operation) -> bool:
+    return type(op) in _OPERATORS or isinstance(
+        op,
+        (
+            *_BINARY_CALLS,
+            arith.CmpiOp,
+            arith.CmpfOp,
+            tile.CmpOp,
+            tile.WhereOp,
+            arith.SelectOp,
+        ),
+    )
 
 
 def _accepts_literal(user: Operation, index: int) -> bool:
@@ -379,14 +470,57 @@ def _accepts_literal(user: Operation, index: int) -> bool:
         return True
     if isinstance(user, scf.ForOp):
         return index < 3 and user.operands[index].type == IntegerType(32)
-    return not isinstance(user, tile.StoreOp | tile.AtomicAddOp) and _accepts_scalar(
-        user, index
-    )
+    if isinstance(user, tile.LoadOp):
+        return user.other is not None and index == len(user.operands) - 1
+    if isinstance(user, tile.WhereOp | arith.SelectOp):
+        return index != 0 and not _is_constant(user.operands[3 - index])
+    if _is_elementwise(user):
+        return not _is_constant(user.operands[1 - index])
+    return False
+
+
+def _is_constant(value: SSAValue) -> bool:
+    return isinstance(value.owner, arith.ConstantOp)
 
 
 # ---------------------------------------------------------------------------
 # Handlers: arith and math
 # ---------------------------------------------------------------------------
+
+
+def _is_bf16(t: Attribute) -> bool:
+    return isinstance(element_type_of(t), BFloat16Type)
+
+
+def _full(shape: Sequence[int], value: str, t: Attribute) -> str:
+    """`tl.full`; bf16 goes through f32 (the interpreter has no bf16 constants)."""
+    if _is_bf16(t):
+        return (
+            f"tl.cast(tl.full({_shape_text(shape)}, {value}, tl.float32), tl.bfloat16)"
+        )
+    return f"tl.full({_shape_text(shape)}, {value}, {tl_dtype(t)})"
+
+
+def _compute(
+    e: TritonEmitter,
+    op: Operation,
+    operands: Sequence[SSAValue],
+    build: Callable[..., str],
+) -> None:
+    """Assign `build(*operand_exprs)` to the result of `op`. bf16 is computed in f32
+    and rounded back: the Triton interpreter stores bf16 as uint16 and has no bf16
+    arithmetic, and on the GPU this is what Triton does for most bf16 math anyway."""
+    bf16 = any(_is_bf16(v.type) for v in operands)
+    args = [
+        f"tl.cast({e.expr(v)}, tl.float32)"
+        if bf16 and _is_bf16(v.type) and not e.is_literal(v)
+        else e.expr(v)
+        for v in operands
+    ]
+    text = build(*args)
+    if bf16 and _is_bf16(op.results[0].type):
+        text = f"tl.cast({text}, tl.bfloat16)"
+    e.assign(op, text)
 
 
 @_emits(arith.ConstantOp)
@@ -397,20 +531,18 @@ def _constant(e: TritonEmitter, op: arith.ConstantOp) -> None:
     if value is None:
         raise NotImplementedError("only scalar and splat constants can be emitted")
     t = op.result.type
-    literal = _literal(value, element_type_of(t))
-    e.assign(op, f"tl.full({_shape_text(shape_of(t))}, {literal}, {tl_dtype(t)})")
+    e.assign(op, _full(shape_of(t), _literal(value, element_type_of(t)), t))
 
 
 @_emits(*_OPERATORS)
 def _operator(e: TritonEmitter, op: Operation) -> None:
-    lhs, rhs = op.operands
-    e.assign(op, f"{e.expr(lhs)} {_OPERATORS[type(op)]} {e.expr(rhs)}")
+    symbol = _OPERATORS[type(op)]
+    _compute(e, op, op.operands, lambda a, b: f"{a} {symbol} {b}")
 
 
 @_emits(*_BINARY_CALLS)
 def _binary_call(e: TritonEmitter, op: Operation) -> None:
-    lhs, rhs = op.operands
-    e.assign(op, _BINARY_CALLS[type(op)].format(e.expr(lhs), e.expr(rhs)))
+    _compute(e, op, op.operands, _BINARY_CALLS[type(op)].format)
 
 
 @_emits(arith.CmpiOp, arith.CmpfOp, tile.CmpOp)
@@ -422,17 +554,18 @@ def _compare(e: TritonEmitter, op: arith.CmpiOp | arith.CmpfOp | tile.CmpOp) -> 
         pred = names[op.predicate.value.data]
     if pred not in _CMP_OPERATORS:
         raise NotImplementedError(f"{op.name} predicate {pred} has no Triton operator")
-    e.assign(op, f"{e.expr(op.lhs)} {_CMP_OPERATORS[pred]} {e.expr(op.rhs)}")
+    symbol = _CMP_OPERATORS[pred]
+    _compute(e, op, op.operands, lambda a, b: f"{a} {symbol} {b}")
 
 
 @_emits(arith.SelectOp, tile.WhereOp)
 def _select(e: TritonEmitter, op: arith.SelectOp | tile.WhereOp) -> None:
-    e.assign(op, f"tl.where({e.expr(op.cond)}, {e.expr(op.lhs)}, {e.expr(op.rhs)})")
+    _compute(e, op, op.operands, lambda c, a, b: f"tl.where({c}, {a}, {b})")
 
 
 @_emits(arith.NegfOp)
 def _negf(e: TritonEmitter, op: arith.NegfOp) -> None:
-    e.assign(op, f"-{e.expr(op.operand)}")
+    _compute(e, op, op.operands, lambda a: f"-{a}")
 
 
 @_emits(*_CASTS)
@@ -442,7 +575,15 @@ def _cast(e: TritonEmitter, op: Operation) -> None:
     is_bool = src_elem == IntegerType(1)
     if isinstance(op, arith.ExtUIOp | arith.UIToFPOp) and not is_bool:
         raise NotImplementedError(f"{op.name} is only supported from i1")
-    text = f"tl.cast({e.expr(src)}, {tl_dtype(dst)})"
+    x = e.expr(src)
+    # The interpreter converts bf16 only to and from f32: route other pairs via f32.
+    via_f32 = (_is_bf16(src_elem) or _is_bf16(dst)) and Float32Type() not in (
+        src_elem,
+        element_type_of(dst),
+    )
+    if via_f32:
+        x = f"tl.cast({x}, tl.float32)"
+    text = f"tl.cast({x}, {tl_dtype(dst)})"
     if isinstance(op, arith.ExtSIOp) and is_bool:  # sign-extending true gives -1
         text = "-" + text
     e.assign(op, text)
@@ -478,12 +619,12 @@ def _tanh(e: TritonEmitter, op: xmath.TanhOp) -> None:
 
 @_emits(xmath.AbsFOp)
 def _absf(e: TritonEmitter, op: xmath.AbsFOp) -> None:
-    e.assign(op, f"tl.abs({e.expr(op.operand)})")
+    _compute(e, op, op.operands, lambda a: f"tl.abs({a})")
 
 
 @_emits(xmath.FmaOp)
 def _fma(e: TritonEmitter, op: xmath.FmaOp) -> None:
-    e.assign(op, f"tl.fma({', '.join(e.expr(v) for v in op.operands)})")
+    _compute(e, op, op.operands, lambda a, b, c: f"tl.fma({a}, {b}, {c})")
 
 
 # ---------------------------------------------------------------------------
@@ -573,10 +714,15 @@ def _arange(e: TritonEmitter, op: tile.ArangeOp) -> None:
 
 @_emits(tile.SplatOp)
 def _splat(e: TritonEmitter, op: tile.SplatOp) -> None:
-    if op.result in e.splats:
+    if op.result in e.aliases:
         return
-    shape = _shape_text(shape_of(op.result.type))
-    e.assign(op, f"tl.full({shape}, {e.expr(op.value)}, {tl_dtype(op.result.type)})")
+    t = op.result.type
+    if _is_bf16(t) and not e.is_literal(op.value):  # a bf16 scalar tensor: bits copied
+        e.assign(
+            op, f"tl.full({_shape_text(shape_of(t))}, {e.expr(op.value)}, tl.bfloat16)"
+        )
+    else:
+        e.assign(op, _full(shape_of(t), e.expr(op.value), t))
 
 
 @_emits(tile.ExpandDimsOp)
@@ -587,7 +733,9 @@ def _expand_dims(e: TritonEmitter, op: tile.ExpandDimsOp) -> None:
 
 
 @_emits(tile.BroadcastOp)
-def _broadcast(e: TritonEmitter, op: tile.BroadcastOp) -> None:
+def _broadcast_to(e: TritonEmitter, op: tile.BroadcastOp) -> None:
+    if op.result in e.aliases:
+        return
     shape = _shape_text(shape_of(op.result.type))
     e.assign(op, f"tl.broadcast_to({e.expr(op.input)}, {shape})")
 
@@ -642,17 +790,16 @@ def _dot(e: TritonEmitter, op: tile.DotOp) -> None:
 
 @_emits(tile.ReduceOp)
 def _reduce(e: TritonEmitter, op: tile.ReduceOp) -> None:
-    kind = op.kind.data.value
-    text = f"{_REDUCE_CALLS[kind]}({e.expr(op.input)}, axis={op.axis.value.data})"
-    elem = element_type_of(op.result.type)
-    if kind == "sum" and isinstance(elem, IntegerType) and elem.width.data < 32:
-        text = text[:-1] + f", dtype={tl_dtype(elem)})"  # tl.sum widens to i32
-    e.assign(op, text)
+    combiner = _REDUCE_COMBINERS[op.kind.data.value]
+    e.helpers.add(combiner)
+    axis = op.axis.value.data
+    _compute(e, op, op.operands, lambda x: f"tl.reduce({x}, {axis}, {combiner})")
 
 
 @_emits(tile.RandOp)
 def _rand(e: TritonEmitter, op: tile.RandOp) -> None:
-    e.assign(op, f"tl.rand({e.expr(op.seed)}, {e.expr(op.offsets)})")
+    e.helpers.add("_philox_rand")
+    e.assign(op, f"_philox_rand({e.expr(op.seed)}, {e.expr(op.offsets)})")
 
 
 # ---------------------------------------------------------------------------
@@ -660,9 +807,16 @@ def _rand(e: TritonEmitter, op: tile.RandOp) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _emit_kernel(kernel: tile.KernelOp) -> tuple[str, set[str]]:
+    emitter = TritonEmitter(kernel)
+    text = kernel_metadata(kernel).comment() + "\n" + emitter.emit()
+    return text, emitter.helpers
+
+
 def emit_kernel(kernel: tile.KernelOp) -> str:
-    """The `@triton.jit` function of one kernel, preceded by its metadata comment."""
-    return kernel_metadata(kernel).comment() + "\n" + TritonEmitter(kernel).emit()
+    """The `@triton.jit` function of one kernel, preceded by its metadata comment
+    (helpers it calls, such as `_philox_rand`, come from `emit_module`)."""
+    return _emit_kernel(kernel)[0]
 
 
 def kernels_of(
@@ -676,5 +830,7 @@ def kernels_of(
 
 
 def emit_module(module: ModuleOp | tile.KernelOp | Iterable[tile.KernelOp]) -> str:
-    """A complete Python module: preamble, then every `tile.kernel` in `module`."""
-    return PREAMBLE + "".join("\n\n" + emit_kernel(k) for k in kernels_of(module))
+    """A complete Python module: preamble, helpers, then every `tile.kernel`."""
+    parts = [_emit_kernel(k) for k in kernels_of(module)]
+    helpers = [HELPERS[name] for name in sorted(set().union(*(h for _, h in parts)))]
+    return PREAMBLE + "".join("\n\n" + t for t in [*helpers, *(k for k, _ in parts)])

@@ -10,7 +10,17 @@ Triton 3.6 chooses between a compiled `JITFunction` and an `InterpretedFunction`
 `TRITON_INTERPRET` environment variable). `load_kernels(source, interpret=...)`
 imports the module with that knob set for the duration of the import (and then
 restores it), under a module name that includes the mode, so one process can hold
-GPU kernels and interpreter kernels of the same source side by side.
+GPU kernels and interpreter kernels of the same source side by side, whatever
+TRITON_INTERPRET said when `triton` was imported. That works because emitted code calls
+Triton *builtins* only: library `@triton.jit` functions such as `tl.max` or `tl.rand`
+are fixed to one mode at import, so the emitter defines its own helpers instead. For
+speed, interpreter modules get their reduction combiners rebound to Triton's own
+(`tl.standard._elementwise_max`, ...), which the interpreter reduces with numpy.
+
+Interpreter mode also fixes two Triton 3.6 interpreter bugs: `tl.dot` on bf16 operands
+multiplies their raw uint16 bit patterns (triton-lang/triton#11584), and a scalar used
+as an index (`range(0, n, 64)`) is converted with `int()` on a 1-element array, which
+NumPy >= 2.4 rejects (older NumPy warns).
 """
 
 from __future__ import annotations
@@ -24,11 +34,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
+from attnfuse.backends.triton.emitter import HELPERS, emit_module, kernel_metadata
 from attnfuse.dialects.tile import KernelOp
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, bool], dict[str, Any]] = {}
+
+_NUMPY_COMBINERS = {
+    "_max_combine": "_elementwise_max",
+    "_min_combine": "_elementwise_min",
+    "_sum_combine": "_sum_combine",
+}
+"""Emitted combiner -> the `triton.language.standard` one the interpreter special-cases."""
 
 SM90_PTX_TARGET = ".target sm_90"
 """Prefix of the PTX target line for Hopper (Triton emits `sm_90a`)."""
@@ -62,6 +79,34 @@ def write_source(source: str, cache_dir: Path | None = None) -> Path:
     return path
 
 
+def _fix_triton_interpreter() -> None:
+    """Patch the interpreter bugs listed in the module docstring (idempotent; both
+    fixes are no-ops once Triton gets them right)."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_attnfuse_fix", False):
+        return
+    create_dot = builder.create_dot
+    patch_tensor = interpreter._patch_lang_tensor  # pyright: ignore[reportPrivateUsage]
+
+    def create_dot_bf16(self: Any, a: Any, b: Any, *args: Any) -> Any:
+        if a.dtype.scalar == tl.bfloat16:
+            a = self.cast_impl(a, tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = self.cast_impl(b, tl.float32)
+        return create_dot(self, a, b, *args)
+
+    def patch_tensor_index(tensor: Any, scope: Any) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    create_dot_bf16._attnfuse_fix = True  # pyright: ignore[reportFunctionMemberAccess]
+    builder.create_dot = create_dot_bf16
+    interpreter._patch_lang_tensor = patch_tensor_index  # pyright: ignore
+
+
 def load_kernels(
     source: str, interpret: bool = False, *, cache_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -75,6 +120,8 @@ def load_kernels(
     from triton.runtime.jit import JITFunction
 
     key = (source_digest(source), interpret)
+    if interpret:
+        _fix_triton_interpreter()
     with _lock:
         if key in _loaded:
             return _loaded[key]
@@ -92,8 +139,18 @@ def load_kernels(
         except BaseException:
             del sys.modules[module_name]
             raise
+        if interpret:
+            import triton.language as tl
+
+            for ours, theirs in _NUMPY_COMBINERS.items():
+                if hasattr(module, ours):
+                    setattr(module, ours, getattr(tl.standard, theirs))
         kinds = (JITFunction, InterpretedFunction)
-        kernels = {n: f for n, f in vars(module).items() if isinstance(f, kinds)}
+        kernels = {
+            n: f
+            for n, f in vars(module).items()
+            if isinstance(f, kinds) and n not in HELPERS
+        }
         _loaded[key] = kernels
         return kernels
 
