@@ -106,7 +106,8 @@ def rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_keep(
-    seed: int, b_count: int, h_count: int, q_len: int, kv_len: int, p: float
+    seed: int, b_count: int, h_count: int, q_len: int, kv_len: int, p: float,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """The `[B, H, Sq, Skv]` boolean keep mask of `attn.dropout` with drop probability p.
 
@@ -114,12 +115,12 @@ def dropout_keep(
     in float32), with `u = tl.rand(seed + ((b * H + h) << 32), q * Skv + kv)`.
     """
     k0, k1 = split_seed(seed)
-    bh = torch.arange(b_count * h_count, dtype=torch.int64).view(b_count, h_count, 1, 1)
+    bh = torch.arange(b_count * h_count, dtype=torch.int64, device=device).view(b_count, h_count, 1, 1)
     key_hi = (k1 + bh) & _MASK32
-    q = torch.arange(q_len, dtype=torch.int64).view(1, 1, q_len, 1)
-    kv = torch.arange(kv_len, dtype=torch.int64).view(1, 1, 1, kv_len)
+    q = torch.arange(q_len, dtype=torch.int64, device=device).view(1, 1, q_len, 1)
+    kv = torch.arange(kv_len, dtype=torch.int64, device=device).view(1, 1, 1, kv_len)
     lo, hi = _counters(q * kv_len + kv)
     shape = (b_count, h_count, q_len, kv_len)
     u = uniform_from_uint32(philox(k0, key_hi, lo.expand(shape), hi.expand(shape))[0])
-    threshold = torch.tensor(p, dtype=torch.float32)
+    threshold = torch.tensor(p, dtype=torch.float32, device=device)
     return u >= threshold

@@ -104,11 +104,12 @@ def interpret(func: FuncOp, args: Sequence[Value]) -> tuple[list[Value], Frame]:
 def _grid(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index tensors b, h, q, kv (int64) shaped to broadcast over `[B, H, Sq, Skv]`."""
     b, h, sq, skv = s.shape
+    dev = s.device
     return (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(sq).view(1, 1, sq, 1),
-        torch.arange(skv).view(1, 1, 1, skv),
+        torch.arange(b, device=dev).view(b, 1, 1, 1),
+        torch.arange(h, device=dev).view(1, h, 1, 1),
+        torch.arange(sq, device=dev).view(1, 1, sq, 1),
+        torch.arange(skv, device=dev).view(1, 1, 1, skv),
     )
 
 
@@ -131,7 +132,7 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
     batch, _, seq, _ = x.shape
     positions = frame.optional(op.positions)
     if positions is None:
-        positions = torch.arange(seq, dtype=torch.int64) + op.int_option("offset")
+        positions = torch.arange(seq, dtype=torch.int64, device=x.device) + op.int_option("offset")
     else:
         _require(
             positions.shape[-1] == seq,
@@ -213,7 +214,7 @@ def run_bias(op: BiasOp, frame: Frame) -> tuple[Value, ...]:
         slopes = frame.optional(op.slopes)
         heads = s.shape[1]
         if slopes is None:
-            slopes = alibi_slopes(heads, op.float_option("max_bias"))
+            slopes = alibi_slopes(heads, op.float_option("max_bias")).to(s.device)
         _require(slopes.shape == (heads,), f"attn.bias: slopes must have shape ({heads},)")
         _, _, q, kv = _grid(s)
         return (s + slopes.view(1, heads, 1, 1) * (kv - q).to(torch.float64),)
@@ -358,7 +359,7 @@ def run_dropout(op: DropoutOp, frame: Frame) -> tuple[Value, ...]:
     """`P * keep / (1 - p)`, keep from `attnfuse.rng.dropout_keep` (Triton's Philox stream)."""
     probs = frame.tensor(op.input)
     p = op.float_option("p")
-    keep = dropout_keep(_seed(frame[op.seed]), *probs.shape, p)
+    keep = dropout_keep(_seed(frame[op.seed]), *probs.shape, p, device=probs.device)
     return (probs * keep.to(torch.float64) / (1.0 - p),)
 
 

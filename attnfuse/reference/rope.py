@@ -106,7 +106,7 @@ def cos_sin(p: RopeParams, positions: torch.Tensor) -> tuple[torch.Tensor, torch
 
     Yarn multiplies both by its attention factor.
     """
-    angles = positions.to(torch.float64)[..., None] * inverse_frequencies(p)
+    angles = positions.to(torch.float64)[..., None] * inverse_frequencies(p).to(positions.device)
     cos, sin = torch.cos(angles), torch.sin(angles)
     if p.scaling == "yarn":
         factor = yarn_attention_factor(p)

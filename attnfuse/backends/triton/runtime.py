@@ -80,6 +80,18 @@ def _kernel_args(values: Sequence[Any]) -> list[Any]:
     return flat
 
 
+def _require_interpreter() -> None:
+    import triton.language.standard as standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(standard.max, InterpretedFunction):
+        raise RuntimeError(
+            "CPU tensors run through the Triton interpreter, which Triton selects when it is "
+            "imported: set TRITON_INTERPRET=1 before importing triton (importing attnfuse "
+            "first does it on machines without CUDA), or pass CUDA tensors"
+        )
+
+
 class HostProgram:
     """The compiled host code of one lowered attention function."""
 
@@ -146,6 +158,8 @@ class HostProgram:
 
     def run(self, args: Sequence[Any], device: torch.device) -> list[Any]:
         interpret = device.type == "cpu"
+        if interpret:
+            _require_interpreter()
         ctx = LaunchContext(device, interpret, load_kernels(self.source, interpret), self._tables)
         env: Env = dict(zip(self.function.args, args))
         for step in self.steps:
