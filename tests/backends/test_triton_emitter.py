@@ -87,7 +87,9 @@ def row_softmax(dtype: Attribute, block_m: int = 16, block_n: int = 128) -> Kern
     row_in = b.lt(b.expand_dims(rows, 1), m_rows, name="row_in")  # [BM, 1]
     col_in = b.lt(b.expand_dims(cols, 0), n_cols, name="col_in")  # [1, BN]
     mask = b.and_(row_in, col_in, name="mask")  # [BM, BN]
-    offs = b.add(b.mul(b.expand_dims(rows, 1), stride), b.expand_dims(cols, 0), name="offs")
+    offs = b.add(
+        b.mul(b.expand_dims(rows, 1), stride), b.expand_dims(cols, 0), name="offs"
+    )
     xv = b.cast(b.load(x, offs, mask=mask, other=-math.inf), f32, name="xv")
     row_max = b.reduce_max(xv, 1, name="row_max")
     row_max = b.where(b.eq(row_max, -math.inf), 0.0, row_max, name="row_max_safe")
@@ -136,7 +138,9 @@ def flash_attention_fwd(
         offs_n = b.add(loop.iv, b.arange(0, block_n), name="offs_n")
         n_in_row = b.lt(b.expand_dims(offs_n, 0), skv, name="n_in")  # [1, BN]
         kt_offs = b.add(
-            b.mul(b.expand_dims(offs_n, 0), skn), b.expand_dims(offs_d, 1), name="kt_offs"
+            b.mul(b.expand_dims(offs_n, 0), skn),
+            b.expand_dims(offs_d, 1),
+            name="kt_offs",
         )
         kt = b.load(k_base, kt_offs, mask=n_in_row, other=0.0, name="kt")
         s = b.mul(b.dot(q, kt), qk_scale, name="s")
@@ -146,11 +150,16 @@ def flash_attention_fwd(
         alpha = b.exp2(b.sub(m_i, m_new), name="alpha")
         l_new = b.add(b.mul(l_i, alpha), b.reduce_sum(p_tile, 1), name="l_new")
         v_offs = b.add(
-            b.mul(b.expand_dims(offs_n, 1), svn), b.expand_dims(offs_d, 0), name="v_offs"
+            b.mul(b.expand_dims(offs_n, 1), svn),
+            b.expand_dims(offs_d, 0),
+            name="v_offs",
         )
         v = b.load(v_base, v_offs, mask=b.lt(b.expand_dims(offs_n, 1), skv), other=0.0)
         acc_new = b.dot(
-            b.cast(p_tile, dtype), v, b.mul(acc, b.expand_dims(alpha, 1)), name="acc_new"
+            b.cast(p_tile, dtype),
+            v,
+            b.mul(acc, b.expand_dims(alpha, 1)),
+            name="acc_new",
         )
         loop.yield_(m_new, l_new, acc_new)
     m_i, l_i, acc = loop.results
@@ -166,13 +175,17 @@ def dropout_rand(block_m: int = 64, block_n: int = 128) -> KernelOp:
     b = TileBuilder.kernel("rand_tile", [("out", PtrType(f32)), ("seed", i64)])
     out, seed = b.args
     rows = b.expand_dims(b.arange(0, block_m), 1)
-    offs = b.add(b.mul(rows, block_n), b.expand_dims(b.arange(0, block_n), 0), name="offs")
+    offs = b.add(
+        b.mul(rows, block_n), b.expand_dims(b.arange(0, block_n), 0), name="offs"
+    )
     b.store(out, offs, b.rand(seed, offs, name="u"))
     return b.finish()
 
 
 def atomic_accumulate(block: int = 64) -> KernelOp:
-    b = TileBuilder.kernel("accumulate", [("x", PtrType(f32)), ("acc", PtrType(f32)), ("n", i32)])
+    b = TileBuilder.kernel(
+        "accumulate", [("x", PtrType(f32)), ("acc", PtrType(f32)), ("n", i32)]
+    )
     x, acc, n = b.args
     pid = b.program_id(0, name="pid")
     offs = b.arange(0, block, name="offs")
@@ -238,7 +251,9 @@ def test_row_softmax_masked(dtype: Attribute) -> None:
     torch.testing.assert_close(y.double(), expected, **tol)
 
 
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
     scale = 1 / math.sqrt(q.shape[-1])
     s = q.double() @ k.double().transpose(-1, -2) * scale
     return torch.softmax(s, dim=-1) @ v.double()
@@ -282,9 +297,13 @@ def test_rand_range_and_reproducibility() -> None:
     assert abs(first.mean().item() - 0.5) < 0.02  # 8192 samples: sigma ~ 0.0032
     assert len(torch.unique(first)) > 8000
     # bit-exact with Triton's tl.rand, as reproduced in torch by attnfuse.rng
-    torch.testing.assert_close(first, rng.rand(1234, torch.arange(64 * 128)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        first, rng.rand(1234, torch.arange(64 * 128)), rtol=0, atol=0
+    )
     run(kernel, (1,), again, 2**40 + 7)  # a seed with a non-zero high word
-    torch.testing.assert_close(again, rng.rand(2**40 + 7, torch.arange(64 * 128)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        again, rng.rand(2**40 + 7, torch.arange(64 * 128)), rtol=0, atol=0
+    )
 
 
 def test_atomic_add_accumulates_across_programs() -> None:
@@ -301,7 +320,9 @@ def test_atomic_add_accumulates_across_programs() -> None:
 @pytest.mark.parametrize("dtype", [f32, bf16], ids=["f32", "bf16"])
 def test_elementwise_math(dtype: Attribute) -> None:
     n = 60
-    x = torch.cat([torch.linspace(-4, 4, n - 4), torch.tensor([-100.0, 100.0, 1e-3, -30.0])])
+    x = torch.cat(
+        [torch.linspace(-4, 4, n - 4), torch.tensor([-100.0, 100.0, 1e-3, -30.0])]
+    )
     x = x.to(TORCH_DTYPE[dtype])
     y = torch.zeros(7 * 64, dtype=TORCH_DTYPE[dtype])
     run(elementwise_math(dtype), (1,), x, y, n)
@@ -345,7 +366,10 @@ def test_emitted_source_is_readable_triton() -> None:
 
 def test_tanh_on_bf16_is_computed_in_f32() -> None:
     src = emit_module(elementwise_math(bf16))
-    assert "tl.cast(1.0 - 2.0 / (tl.exp(2.0 * tl.cast(xv, tl.float32)) + 1.0), tl.bfloat16)" in src
+    assert (
+        "tl.cast(1.0 - 2.0 / (tl.exp(2.0 * tl.cast(xv, tl.float32)) + 1.0), tl.bfloat16)"
+        in src
+    )
 
 
 def test_target_prints_metadata_and_every_kernel() -> None:
@@ -356,7 +380,10 @@ def test_target_prints_metadata_and_every_kernel() -> None:
     assert text.count("\n# kernel ") == 2
     assert "\ndef vector_add(x, y, out, n):\n" in text
     assert "# kernel attn_fwd\n#   num_warps=4 num_stages=2\n" in text
-    assert "#   signature: Q: *bf16, K: *bf16, V: *bf16, Out: *bf16, stride_qh: i64," in text
+    assert (
+        "#   signature: Q: *bf16, K: *bf16, V: *bf16, Out: *bf16, stride_qh: i64,"
+        in text
+    )
     meta = kernel_metadata(flash_attention_fwd(bf16))
     assert meta.signature["qk_scale"] == "fp32" and meta.num_stages == 2
 
