@@ -15,6 +15,7 @@ pipeline and the versions of AttnFuse, xDSL and Triton.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -60,11 +61,19 @@ class Parameter:
         return str(self.type)
 
 
+@functools.cache
 def _versions() -> str:
+    """Versions of everything that shapes a compiled program, the compiler's own code included."""
     import triton
     import xdsl
 
-    return f"attnfuse={_VERSION} xdsl={getattr(xdsl, '__version__', '?')} triton={triton.__version__}"
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return (
+        f"attnfuse={_VERSION}:{digest.hexdigest()[:16]} "
+        f"xdsl={getattr(xdsl, '__version__', '?')} triton={triton.__version__}"
+    )
 
 
 def _read_program(program: str | os.PathLike[str]) -> tuple[str, str]:

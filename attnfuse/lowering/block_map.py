@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import TensorType, i32
+from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, i32
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
@@ -52,7 +52,7 @@ def build_block_map(
     n_q = host.cdiv(q_len, bm, "map_q_blocks")
     n_kv = host.cdiv(kv_len, bn, "map_kv_blocks")
     slots = host.emit(arith.MuliOp(host.mul(batch, map_heads, "map_bh"), n_q), "map_slots")
-    vec, mat = TensorType(i32, [-1]), TensorType(i32, [-1, -1])
+    vec, mat = TensorType(i32, [DYNAMIC_INDEX]), TensorType(i32, [DYNAMIC_INDEX, DYNAMIC_INDEX])
     block_map = BlockMap(
         partial_count=host.alloc(vec, [slots], "partial_count"),
         partial_index=host.alloc(mat, [slots, n_kv], "partial_index"),

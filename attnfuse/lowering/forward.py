@@ -136,6 +136,9 @@ class ForwardKernel:
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         pid_m = b.program_id(0, name="pid_m")
+        if self.online.option("band_upper") is not None and self.online.option("band_lower") is None:
+            # Causal-like plans: later q blocks visit more tiles; start them first.
+            pid_m = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
         pid_bh = b.program_id(1, name="pid_bh")
         batch = b.div(pid_bh, self.hq, name="batch")
         head = b.rem(pid_bh, self.hq, name="head")
@@ -276,7 +279,9 @@ class ForwardKernel:
             assert self.counter_arg.ptr is not None
             b.atomic_add(self.counter_arg.ptr, 0, 1)
 
-        k_parts = load_parts(b, self.k_arg, self.k_base, cols, col_ok, self.layout)
+        # Full tiles lie inside [0, Skv): their loads need no bounds mask.
+        load_mask = None if full_tile else col_ok
+        k_parts = load_parts(b, self.k_arg, self.k_base, cols, load_mask, self.layout)
         dtype = self._dtype(spec.k)
         if spec.k_transforms:
             k32 = {r: b.cast(t, f32) for r, t in k_parts.items()}
@@ -310,8 +315,11 @@ class ForwardKernel:
         d = b.arange(0, _pow2(self.v_dim))
         v_offs = b.add(b.expand_dims(b.mul(cols, self.v_arg.strides[2]), 1),
                        b.expand_dims(b.mul(d, self.v_arg.strides[3]), 0))
-        v_mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
-        v = b.load(self.v_base, v_offs, mask=v_mask, other=0.0, name="v")
+        if full_tile and self.v_dim == _pow2(self.v_dim):
+            v = b.load(self.v_base, v_offs, name="v")
+        else:
+            v_mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+            v = b.load(self.v_base, v_offs, mask=v_mask, other=0.0, name="v")
         acc = b.mul(acc, b.expand_dims(alpha, 1))
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]

@@ -176,18 +176,27 @@ def _yarn_attention_factor(op: RopeOp) -> float:
 
 
 def load_parts(
-    b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue,
+    b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue | None,
     layout: tuple[Part, ...], *, row_dim: int = 2, col_dim: int = 3,
 ) -> dict[str, SSAValue]:
-    """Load rows `rows` of a [.., S, D] tensor as the parts of `layout`."""
+    """Load rows `rows` of a [.., S, D] tensor as the parts of `layout`.
+
+    `row_mask = None` means every row is in bounds (a full tile): parts whose width is a
+    power of two then load without any mask.
+    """
     out: dict[str, SSAValue] = {}
     row_offs = b.expand_dims(b.mul(rows, arg.strides[row_dim]), 1)
-    row_ok = b.expand_dims(row_mask, 1)
     for part in layout:
         cols, in_range = part.columns(b)
         offs = b.add(row_offs, b.expand_dims(b.mul(cols, arg.strides[col_dim]), 0))
-        mask = b.and_(row_ok, b.expand_dims(in_range, 0))
-        out[part.role] = b.load(base, offs, mask=mask, other=0.0, name=f"{arg.name}_{part.role}")
+        name = f"{arg.name}_{part.role}"
+        if row_mask is None and part.width == part.tile_width:
+            out[part.role] = b.load(base, offs, name=name)
+            continue
+        mask = b.expand_dims(in_range, 0)
+        if row_mask is not None:
+            mask = b.and_(b.expand_dims(row_mask, 1), mask)
+        out[part.role] = b.load(base, offs, mask=mask, other=0.0, name=name)
     return out
 
 

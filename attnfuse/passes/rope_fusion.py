@@ -9,7 +9,9 @@ RoPE and QK-norm act on Q and K *before* the QK matmul. This pass sets each tran
   reads K already transformed;
 * `separate`: both sides in generated pre-kernels (what an unfused stack does);
 * `auto`: ask the cost model (`attnfuse.cost`) for the device given to the driver with
-  `--device` (default: the local GPU, else H200), falling back to `fused`.
+  `--device`; without a cost model, `hybrid`, the fastest measured on an H200 for
+  Llama-3 shapes (docs/benchmarks.md): K is rotated once at the cost of one extra pass
+  over K, while `fused` recomputes each K tile's rotation for every Q block visiting it.
 
 ```mlir
 %kr = attn.rope %k {theta = 500000.0} : tensor<?x8x?x128xbf16>
@@ -43,7 +45,7 @@ def choose_strategy(strategy: str, device: str | None) -> str:
     try:
         from attnfuse.cost import choose_rope_strategy  # type: ignore[attr-defined]
     except ImportError:
-        return "fused"
+        return "hybrid"
     return str(choose_rope_strategy(device))
 
 
