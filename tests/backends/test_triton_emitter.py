@@ -19,6 +19,7 @@ from attnfuse import rng
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.backends.triton.loader import (
     SM90_PTX_TARGET,
+    compile_for_sm90,
     compile_kernel_for_sm90,
     load_kernels,
     ptx_target,
@@ -408,6 +409,33 @@ def test_loader_modes_side_by_side(tmp_path: os.PathLike[str]) -> None:
 # ---------------------------------------------------------------------------
 # Every kernel compiles for Hopper without a GPU
 # ---------------------------------------------------------------------------
+
+
+HAND_WRITTEN = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x, y, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n) * factor, mask=offs < n)
+"""
+
+
+def test_compile_for_sm90_with_explicit_signature_and_constexprs() -> None:
+    signature = {
+        "x": "*fp16",
+        "y": "*fp16",
+        "n": "i32",
+        "factor": "fp32",
+        "BLOCK": "constexpr",
+    }
+    compiled = compile_for_sm90(
+        HAND_WRITTEN, "scale", signature, {"BLOCK": 256}, num_warps=2
+    )
+    assert ptx_target(compiled).startswith(SM90_PTX_TARGET)
+    assert compiled.metadata.num_warps == 2
 
 
 @pytest.mark.parametrize("name", sorted(ALL_KERNELS))

@@ -288,7 +288,10 @@ def _literal(value: float | int, t: Attribute) -> str:
         return repr(value)
     if t == IntegerType(1):
         return "True" if int(value) else "False"
-    return str(int(value))
+    value, width = int(value), bit_width(t)
+    if value >= 1 << (width - 1):  # an unsigned spelling of a negative constant
+        value -= 1 << width
+    return str(value)
 
 
 def _splat_value(op: arith.ConstantOp) -> float | int | None:
