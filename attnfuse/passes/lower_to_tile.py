@@ -76,6 +76,24 @@ def rope_inverse_frequencies(op: RopeOp) -> list[float]:
     return [float(x) for x in inverse_frequencies(params)]
 
 
+SHARED_MEMORY_BUDGET = 220 * 1024
+"""Bytes of shared memory a forward program may use (an H100/H200 SM has 227 KiB)."""
+
+
+def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp) -> int:
+    """The deepest KV pipeline (<= 3 stages) whose tiles fit the shared-memory budget:
+    the Q tile plus one K and one V tile per stage, in the input element size."""
+    q_type, v_type = program.scores.q.type, program.v_type
+    assert isinstance(q_type, TensorType)
+    head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
+    elem = 4 if q_type.element_type == f32 else 2
+    block_m, block_n = online.int_option("block_m"), online.int_option("block_n")
+    for stages in (3, 2):
+        if elem * (block_m * head_dim + stages * block_n * (head_dim + v_dim)) <= SHARED_MEMORY_BUDGET:
+            return stages
+    return 1
+
+
 class HostCode:
     """Appends host ops before the first op of an attention function."""
 
@@ -138,8 +156,11 @@ class LowerToTilePass(ModulePass):
     name = "lower-to-tile"
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
-    num_warps: int = 4
-    num_stages: int = 3
+    num_warps: int = 0
+    """Warps per forward program; 0 picks 8 for 128-row blocks, else 4."""
+    num_stages: int = 0
+    """Software-pipelining depth of the KV loop; 0 picks the deepest (<= 3) that fits
+    the shared memory of a Hopper SM (see `pipeline_stages`)."""
     count_tiles: bool = False
     """Debug: count visited KV tiles in a buffer returned as an extra function result."""
 
@@ -209,7 +230,8 @@ class LowerToTilePass(ModulePass):
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
             k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
-            num_warps=self.num_warps, num_stages=self.num_stages,
+            num_warps=self.num_warps or (8 if block_m >= 128 else 4),
+            num_stages=self.num_stages or pipeline_stages(program, online),
             launch={"role": StringAttr("forward")},
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")

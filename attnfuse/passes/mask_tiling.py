@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
@@ -195,6 +195,11 @@ def plan_masks(masks: list[MaskOp]) -> TilePlan:
     return TilePlan(band, prefix, exact and (band is not None or prefix is not None), runtime_map)
 
 
+def _head_dim(ty: Attribute) -> int:
+    assert isinstance(ty, TensorType)
+    return int(ty.get_shape()[3])
+
+
 def effective_masks(score_ops: list[Operation]) -> list[MaskOp]:
     """Masks whose -inf reaches the softmax: those after the last softcap/score_mod.
 
@@ -217,18 +222,23 @@ class MaskTilingPass(ModulePass):
     name = "mask-tiling"
     requires: ClassVar[tuple[str, ...]] = ("online-softmax",)
 
-    block_m: int = 128
-    block_n: int = 64
+    block_m: int = 0
+    """Query rows per program; 0 picks 128."""
+    block_n: int = 0
+    """Keys per KV block; 0 picks 128 for head dims up to 128, else 64 (shared memory)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for size, what in ((self.block_m, "block-m"), (self.block_n, "block-n")):
-            if size < 16 or size & (size - 1):
+            if size and (size < 16 or size & (size - 1)):
                 raise ValueError(f"mask-tiling: {what} must be a power of two >= 16, got {size}")
         for function in find_functions(op):
             program = analyze(function)
             if program.online is None:
                 raise ProgramError("mask-tiling runs after online-softmax", program.scores)
             plan = plan_masks(effective_masks(program.score_ops))
-            for key, value in plan.properties(self.block_m, self.block_n).items():
+            head_dim = max(_head_dim(program.scores.q.type), _head_dim(program.v_type))
+            block_m = self.block_m or 128
+            block_n = self.block_n or (128 if head_dim <= 128 else 64)
+            for key, value in plan.properties(block_m, block_n).items():
                 program.online.properties[key] = value
 
