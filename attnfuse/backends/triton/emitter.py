@@ -24,35 +24,36 @@ attention. Rules that keep the output valid Triton:
 
 from __future__ import annotations
 
-import builtins
-import keyword
 import math as pymath
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects import arith, scf
 from xdsl.dialects import math as xmath
 from xdsl.dialects.builtin import (
-    ArrayAttr,
     BFloat16Type,
     DenseIntOrFPElementsAttr,
-    DictionaryAttr,
-    Float16Type,
     Float32Type,
-    Float64Type,
     FloatAttr,
-    IndexType,
     IntegerAttr,
     IntegerType,
     ModuleOp,
-    StringAttr,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 
+from attnfuse.backends.triton.metadata import (
+    HELPER_NAMES,
+    RESERVED_NAMES,
+    KernelMetadata,
+    attr_to_python,
+    identifier,
+    kernel_arg_names,
+    kernel_metadata,
+    signature_type,
+    tl_dtype,
+)
 from attnfuse.dialects import tile
 from attnfuse.dialects.tile_types import (
-    PtrType,
     bit_width,
     element_type_of,
     is_float_type,
@@ -112,113 +113,7 @@ def _philox_rand(seed, offset):
     return x * 4.6566127342e-10
 """,
 }
-
-_RESERVED = frozenset({*keyword.kwlist, *dir(builtins), "tl", "triton", *HELPERS})
-"""Names the emitted code must not shadow."""
-
-
-# ---------------------------------------------------------------------------
-# Types and launch metadata
-# ---------------------------------------------------------------------------
-
-
-def tl_dtype(t: Attribute) -> str:
-    """`tl.float32`, `tl.bfloat16`, `tl.int32`, ... for an element type."""
-    t = element_type_of(t)
-    if isinstance(t, Float32Type):
-        return "tl.float32"
-    if isinstance(t, BFloat16Type):
-        return "tl.bfloat16"
-    if isinstance(t, Float16Type):
-        return "tl.float16"
-    if isinstance(t, Float64Type):
-        return "tl.float64"
-    if isinstance(t, IndexType):
-        return "tl.int64"
-    if isinstance(t, IntegerType):
-        return f"tl.int{t.width.data}"
-    raise NotImplementedError(f"no Triton dtype for {t}")
-
-
-def signature_type(t: Attribute) -> str:
-    """The `triton.compile` signature string of a kernel argument type."""
-    if isinstance(t, PtrType):
-        return "*" + signature_type(t.pointee)
-    if is_float_type(t):
-        return {16: "bf16" if isinstance(t, BFloat16Type) else "fp16", 32: "fp32"}.get(
-            bit_width(t), "fp64"
-        )
-    return tl_dtype(t).replace("tl.int", "i")
-
-
-def attr_to_python(attr: Attribute) -> Any:
-    """Plain Python value of a launch-dictionary attribute."""
-    if isinstance(attr, DictionaryAttr):
-        return {k: attr_to_python(v) for k, v in attr.data.items()}
-    if isinstance(attr, ArrayAttr):
-        return [attr_to_python(a) for a in attr.data]
-    if isinstance(attr, StringAttr):
-        return attr.data
-    if isinstance(attr, IntegerAttr):
-        value = attr.value.data
-        return bool(value) if attr.type == IntegerType(1) else value
-    if isinstance(attr, FloatAttr):
-        return attr.value.data
-    return str(attr)
-
-
-def _identifier(hint: str | None, fallback: str) -> str:
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in (hint or ""))
-    if not name or name[0].isdigit():
-        name = fallback + name
-    return name
-
-
-def kernel_arg_names(kernel: tile.KernelOp) -> list[str]:
-    """The Python parameter names of the emitted kernel (unique, not reserved)."""
-    names: list[str] = []
-    for i, arg in enumerate(kernel.args):
-        name = _identifier(arg.name_hint, f"arg{i}")
-        while name in _RESERVED or name in names or name == kernel.sym_name.data:
-            name += "_"
-        names.append(name)
-    return names
-
-
-@dataclass(frozen=True)
-class KernelMetadata:
-    """What a runtime needs to launch an emitted kernel."""
-
-    name: str
-    arg_names: tuple[str, ...]
-    signature: dict[str, str]
-    """Argument name -> Triton signature type (`*bf16`, `i32`, `fp32`, ...)."""
-    num_warps: int
-    num_stages: int
-    launch: dict[str, Any] = field(default_factory=dict[str, Any])
-
-    def comment(self) -> str:
-        args = ", ".join(f"{n}: {t}" for n, t in self.signature.items())
-        return "\n".join(
-            [
-                f"# kernel {self.name}",
-                f"#   num_warps={self.num_warps} num_stages={self.num_stages}",
-                f"#   launch: {self.launch!r}",
-                f"#   signature: {args}",
-            ]
-        )
-
-
-def kernel_metadata(kernel: tile.KernelOp) -> KernelMetadata:
-    names = kernel_arg_names(kernel)
-    return KernelMetadata(
-        name=kernel.sym_name.data,
-        arg_names=tuple(names),
-        signature={n: signature_type(t) for n, t in zip(names, kernel.arg_types)},
-        num_warps=kernel.num_warps.value.data,
-        num_stages=kernel.num_stages.value.data,
-        launch=attr_to_python(kernel.launch),
-    )
+assert tuple(HELPERS) == HELPER_NAMES
 
 
 # ---------------------------------------------------------------------------
@@ -321,7 +216,7 @@ class TritonEmitter:
         self.helpers: set[str] = set()
         """Names of the `HELPERS` the module must define."""
         self.names: dict[SSAValue, str] = {}
-        self.taken: set[str] = set(_RESERVED) | {kernel.sym_name.data}
+        self.taken: set[str] = set(RESERVED_NAMES) | {kernel.sym_name.data}
         self.inlined: dict[SSAValue, str] = {}
         """Constants emitted as literals at their uses."""
         self.aliases: dict[SSAValue, SSAValue] = {}
@@ -339,7 +234,7 @@ class TritonEmitter:
             while f"v{self.unnamed}" in self.taken:
                 self.unnamed += 1
             hint = f"v{self.unnamed}"
-        base = _identifier(hint, "v")
+        base = identifier(hint, "v")
         name, n = base, 0
         while name in self.taken:
             n += 1
@@ -837,3 +732,18 @@ def emit_module(module: ModuleOp | tile.KernelOp | Iterable[tile.KernelOp]) -> s
     parts = [_emit_kernel(k) for k in kernels_of(module)]
     helpers = [HELPERS[name] for name in sorted(set().union(*(h for _, h in parts)))]
     return PREAMBLE + "".join("\n\n" + t for t in [*helpers, *(k for k, _ in parts)])
+
+
+__all__ = [
+    "HELPERS",
+    "KernelMetadata",
+    "TritonEmitter",
+    "attr_to_python",
+    "emit_kernel",
+    "emit_module",
+    "kernel_arg_names",
+    "kernel_metadata",
+    "kernels_of",
+    "signature_type",
+    "tl_dtype",
+]
