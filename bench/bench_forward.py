@@ -93,7 +93,10 @@ def baselines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: int) -> di
     }
 
 
-def pipeline(strategy: str, config: tuple[int, int, int, int]) -> str:
+def pipeline(strategy: str, config: tuple[int, ...]) -> str:
+    """The pipeline of one config; `()` is the default (auto) choice of tiles."""
+    if not config:
+        return f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling,lower-to-tile"
     bm, bn, warps, stages = config
     return (
         f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
@@ -105,11 +108,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seqs", default="2048,4096,8192,16384")
-    parser.add_argument("--configs", default="128x64x4x3,128x64x8x3,128x128x8x3")
+    parser.add_argument("--configs", default="auto,128x64x4x3,128x64x8x3,128x128x8x2")
     parser.add_argument("--strategies", default="fused,hybrid,separate")
     args = parser.parse_args()
     program = Path(__file__).parents[1] / "examples" / "llama3.attn"
-    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    configs = [() if c == "auto" else tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows: list[dict[str, Any]] = []
     for seq in (int(s) for s in args.seqs.split(",")):
         batch = TOKENS // seq
@@ -123,7 +126,7 @@ def main() -> None:
         ref_out = baselines(q, k, v, seq)["sdpa_cudnn+rope"]()
         for strategy in args.strategies.split(","):
             for config in configs:
-                label = f"attnfuse_{strategy}_{'x'.join(map(str, config))}"
+                label = f"attnfuse_{strategy}_{'x'.join(map(str, config)) or 'auto'}"
                 try:
                     t0 = time.time()
                     fn = attnfuse.compile(program, pipeline=pipeline(strategy, config))
@@ -153,7 +156,8 @@ def main() -> None:
     for r in rows:
         if "ms" in r and r["name"] != "best_attnfuse":
             tf = r.get("tflops")
-            print(f"{r['seq']:>6} {r['name']:40s} {r['ms']:8.3f} {tf if tf is None else round(tf):>8}")
+            shown = "-" if tf is None else str(round(tf))
+            print(f"{r['seq']:>6} {r['name']:40s} {r['ms']:8.3f} {shown:>8}")
         elif r["name"] == "best_attnfuse":
             print(f"{r['seq']:>6} BEST {r['config']} cudnn/ours={r['vs_cudnn']:.2f} flash/ours={r['vs_flash']:.2f} flex/ours={r['vs_flex']:.2f}")
         elif "error" in r:
