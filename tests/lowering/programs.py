@@ -450,11 +450,12 @@ def empty_rows(program: Program, args: Sequence[Any]) -> torch.Tensor:
     return torch.isneginf(scores).all(dim=-1)
 
 
-def reference_lse(program: Program, args: Sequence[Any]) -> torch.Tensor:
+def reference_lse(program: Program | str, args: Sequence[Any]) -> torch.Tensor:
     """The reference lse of a program that does not return it: the same program with
-    `%p, %lse = attn.softmax` and the lse returned."""
-    text = program.text
-    if program.returns_lse:
+    `%p, %lse = attn.softmax` and the lse returned (the softmax result must be `%p` and
+    the output `%o`, as in the builder's programs and the examples)."""
+    text = program.text if isinstance(program, Program) else program
+    if isinstance(program, Program) and program.returns_lse:
         return reference.run(text, *args)[1]
     import re
 
