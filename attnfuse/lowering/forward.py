@@ -99,6 +99,11 @@ class ForwardKernel:
                 rope_k,
             )
         self.layout = layout_q if rope_q is not None else layout_k
+        # Without a rotation of K tiles in the kernel, Q is rotated whole (partner load)
+        # and both sides stay one [rows, D] tile: a single dot per KV tile.
+        self.q_natural = rope_k is None and rope_q is not None
+        if self.q_natural:
+            self.layout = layout_k
 
         sig = KernelSignature()
         self.sig = sig
@@ -150,13 +155,11 @@ class ForwardKernel:
         self.coords = (batch, head, rows, q_len, kv_len)
 
         q_base = self.q_arg.base(b, batch, head)
-        q_parts = load_parts(b, self.q_arg, q_base, rows, row_ok, self.layout)
         dtype = self._dtype(spec.q)
-        if spec.q_transforms:
-            q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
-            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
-            q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
-        self.q_parts = q_parts
+        if self.q_natural and self.q_side.natural_ok() and self.layout == partition(None, self.head_dim):
+            self.q_parts = {"all": b.cast(self._q_natural(q_base, rows, row_ok), dtype, name="q")}
+        else:
+            self._q_parts(q_base, rows, row_ok, batch, dtype)
         self.k_base = self.k_arg.base(b, batch, kv_head)
         self.v_base = self.v_arg.base(b, batch, v_head)
         self.seed_bh: SSAValue | None = None
@@ -197,6 +200,29 @@ class ForwardKernel:
             base = self.lse_arg.base(b, batch, head)
             b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
         return b.finish()
+
+    def _q_parts(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue, batch: SSAValue, dtype: Attribute) -> None:
+        """Load Q as the column parts of the layout, transforming them in fp32."""
+        b = self.b
+        q_parts = load_parts(b, self.q_arg, q_base, rows, row_ok, self.layout)
+        if self.spec.q_transforms:
+            q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+        self.q_parts = q_parts
+
+    def _q_natural(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue) -> SSAValue:
+        """Load and transform Q as one [BM, D] tile (see `SideTransforms.apply_natural`)."""
+        b, arg = self.b, self.q_arg
+        width = _pow2(self.head_dim)
+        row_offs = b.expand_dims(b.mul(rows, arg.strides[2]), 1)
+
+        def load(columns: SSAValue) -> SSAValue:
+            offs = b.add(row_offs, b.expand_dims(b.mul(columns, arg.strides[3]), 0))
+            mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(columns, self.head_dim), 0))
+            return b.cast(b.load(q_base, offs, mask=mask, other=0.0), f32)
+
+        return self.q_side.apply_natural(b, load, rows, self.coords[0], row_ok, width)
 
     # ------------------------------------------------------------------ KV walk
 

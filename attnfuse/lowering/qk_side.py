@@ -134,18 +134,7 @@ class SideTransforms:
         self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
         batch: Value, row_mask: SSAValue,
     ) -> dict[str, SSAValue]:
-        if n in self.positions:
-            pos_arg = self.positions[n]
-            assert pos_arg.ptr is not None
-            if pos_arg.rank == 1:
-                offs = b.mul(rows, pos_arg.strides[0])
-                ptr = pos_arg.ptr
-            else:
-                ptr = pos_arg.base(b, batch)
-                offs = b.mul(rows, pos_arg.strides[1])
-            positions = b.cast(b.load(ptr, offs, mask=row_mask, other=0), f32, name="pos")
-        else:
-            positions = b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
+        positions = self._positions(b, n, op, rows, batch, row_mask)
         half = op.rotary_width() // 2
         freq_arg = self.freqs[n]
         assert freq_arg.ptr is not None
@@ -163,6 +152,89 @@ class SideTransforms:
         out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
         out["b"] = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
         return out
+
+
+    # -------------------------------------------------------------- natural layout
+
+    def natural_ok(self) -> bool:
+        """Whether `apply_natural` handles these transforms (at most one rope, last)."""
+        ropes = [i for i, t in enumerate(self.transforms) if isinstance(t, RopeOp)]
+        return len(ropes) <= 1 and (not ropes or ropes[0] == len(self.transforms) - 1)
+
+    def apply_natural(
+        self, b: TileBuilder, load: Callable[[SSAValue], SSAValue], rows: SSAValue,
+        batch: Value, row_mask: SSAValue, width: int,
+    ) -> SSAValue:
+        """Transform rows kept whole ([R, width] fp32, columns in their natural order).
+
+        RoPE reads each column's partner through a second load with permuted column
+        indices (`load(columns)` returns fp32 rows at those columns), so the result is a
+        single tile and QK^T a single dot: `x' = x cos + sign * x[partner] sin`.
+        """
+        d = b.arange(0, width, name="d")
+        rope = next((t for t in self.transforms if isinstance(t, RopeOp)), None)
+        partner_cols: SSAValue | None = None
+        if rope is not None:
+            rd, half = rope.rotary_width(), rope.rotary_width() // 2
+            rotated = b.lt(d, rd, name="rotated")
+            if rope.str_option("style") == "half":
+                first = b.lt(d, half)
+                partner_cols = b.where(first, b.add(d, half), b.sub(d, half))
+                freq_index = b.where(first, d, b.sub(d, half))
+            else:
+                first = b.eq(b.rem(d, 2), 0)
+                partner_cols = b.where(first, b.add(d, 1), b.sub(d, 1))
+                freq_index = b.div(d, 2)
+            partner_cols = b.where(rotated, partner_cols, d, name="partner")
+        x = load(d)
+        partner = load(partner_cols) if partner_cols is not None else None
+        for n, op in enumerate(self.transforms):
+            if isinstance(op, QKNormOp):
+                valid = b.expand_dims(b.lt(d, self.ctx.head_dim), 0)
+                squares = b.where(valid, b.mul(x, x), 0.0)
+                inv_rms = b.rsqrt(b.add(b.div(b.reduce_sum(squares, 1), float(self.ctx.head_dim)),
+                                        op.float_option("eps")), name="inv_rms")
+                x = b.mul(x, b.expand_dims(inv_rms, 1))
+                if partner is not None:
+                    partner = b.mul(partner, b.expand_dims(inv_rms, 1))
+                if n in self.weights:
+                    x = b.mul(x, b.expand_dims(self._weight(b, n, op, d), 0))
+                    if partner is not None and partner_cols is not None:
+                        partner = b.mul(partner, b.expand_dims(self._weight(b, n, op, partner_cols), 0))
+                continue
+            assert isinstance(op, RopeOp) and partner is not None and rope is not None
+            positions = self._positions(b, n, op, rows, batch, row_mask)
+            freq_arg = self.freqs[n]
+            assert freq_arg.ptr is not None
+            freq = b.load(freq_arg.ptr, b.mul(freq_index, freq_arg.strides[0]), mask=rotated, other=0.0)
+            angle = b.mul(b.expand_dims(positions, 1), b.expand_dims(freq, 0), name="angle")
+            cos, sin = b.cos(angle, name="cos"), b.sin(angle, name="sin")
+            if op.str_option("scaling") == "yarn":
+                factor = _yarn_attention_factor(op)
+                cos, sin = b.mul(cos, factor), b.mul(sin, factor)
+            signed_sin = b.where(b.expand_dims(first, 0), b.neg(sin), sin)
+            keep = b.expand_dims(rotated, 0)
+            x = b.where(keep, b.add(b.mul(x, cos), b.mul(partner, signed_sin)), x, name="x_rot")
+        return x
+
+    def _weight(self, b: TileBuilder, n: int, op: QKNormOp, cols: SSAValue) -> SSAValue:
+        w_arg = self.weights[n]
+        assert w_arg.ptr is not None
+        w = b.load(w_arg.ptr, b.mul(cols, w_arg.strides[0]), mask=b.lt(cols, self.ctx.head_dim), other=0.0)
+        return b.add(b.cast(w, f32), op.float_option("weight_offset"))
+
+    def _positions(
+        self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue
+    ) -> SSAValue:
+        if n not in self.positions:
+            return b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
+        pos_arg = self.positions[n]
+        assert pos_arg.ptr is not None
+        if pos_arg.rank == 1:
+            ptr, offs = pos_arg.ptr, b.mul(rows, pos_arg.strides[0])
+        else:
+            ptr, offs = pos_arg.base(b, batch), b.mul(rows, pos_arg.strides[1])
+        return b.cast(b.load(ptr, offs, mask=row_mask, other=0), f32, name="pos")
 
 
 def _yarn_attention_factor(op: RopeOp) -> float:
