@@ -28,7 +28,7 @@ from weakref import WeakKeyDictionary
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, ModuleOp
-from xdsl.ir import AttributeInvT, Operation, SSAValue
+from xdsl.ir import AttributeInvT, Block, Operation, SSAValue
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
@@ -38,6 +38,7 @@ from xdsl.utils.exceptions import (
     VerifyException,
 )
 from xdsl.utils.lexer import Span
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 __all__ = [
     "LocatedError",
@@ -165,11 +166,49 @@ class LocatingParser(Parser):
                 f"use of undefined value{plural} {names}",
             ) from None
 
+    def parse_optional_successor(self) -> Block | None:
+        # xDSL 0.75 gives a numeric successor (`cf.br ^0`, valid MLIR) as a name hint
+        # to the block, whose setter raises a bare ValueError; keep such blocks unnamed.
+        token = self._current_token
+        if token.kind == MLIRTokenKind.CARET_IDENT:
+            name = token.text[1:]
+            if name not in self.blocks and not Block.is_valid_name(name):
+                self.forward_block_references[name].append(token.span)
+                self.blocks[name] = (Block(), None)
+        return super().parse_optional_successor()
+
+    def _parse_block(self) -> Block:
+        # xDSL 0.75 cannot name a block `^0` (valid MLIR): say so at the label.
+        token = self._current_token
+        name = token.text[1:]
+        if (
+            token.kind == MLIRTokenKind.CARET_IDENT
+            and not Block.is_valid_name(name)
+            and not Block.is_default_block_name(name)
+        ):
+            raise ParseError(
+                token.span,
+                f"unsupported block label '{token.text}': xDSL block names must not "
+                "start with a digit (use e.g. ^bb0)",
+            )
+        return super()._parse_block()
+
     def parse_operation(self) -> Operation:
         start = self._current_token.span
         self._name_spans.append(None)
         try:
             op = super().parse_operation()
+        except ParseError:
+            raise
+        except DiagnosticException as e:
+            # Some ops verify their types while being built by the parser.
+            span = self._name_spans[-1] or start
+            name = span.text.strip('"')
+            message = str(e).strip().split("\n", 1)[0]
+            raise ParseError(span, f"'{name}' op {message}") from e
+        except ValueError as e:  # xDSL raises a few bare ValueErrors on bad input
+            message = " ".join(str(a) for a in e.args) or type(e).__name__
+            raise ParseError(self._current_token.span, message) from e
         finally:
             name_span = self._name_spans.pop()
         span = name_span if name_span is not None else start

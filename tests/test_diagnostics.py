@@ -132,3 +132,25 @@ def test_parse_errors_are_formatted_like_mlir() -> None:
         "  foo.bar",
         "  ^~~~~~~",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "message"),
+    [
+        (  # an op that verifies its types while it is parsed
+            "func.func @f(%x: f32, %c: i1) {\n  %d = arith.divf %x, %c : i1\n  func.return\n}\n",
+            "p.mlir:2:8",
+            "'arith.divf' op Unexpected attribute i1",
+        ),
+        (  # xDSL 0.75 raised a bare ValueError for numeric block labels
+            "func.func @f() {\n^0:\n  func.return\n}\n",
+            "p.mlir:2:1",
+            "unsupported block label '^0'",
+        ),
+    ],
+)
+def test_errors_raised_while_parsing_are_located(text: str, where: str, message: str) -> None:
+    with pytest.raises(ParseError) as info:
+        parse_module_with_locations(make_context(), text, "p.mlir")
+    first = format_exception(info.value).splitlines()[0]
+    assert first.startswith(f"{where}: error: {message}")
