@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     def after(p: ModulePass, mod: ModuleOp) -> None:
-        header(f"IR after {p}")
+        header(f"IR after {p.name}")
         print_module(mod, args.full_ir)
 
     t0 = time.perf_counter()
