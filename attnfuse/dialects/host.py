@@ -21,7 +21,7 @@ func.func @llama3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: t
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, IntegerAttr, SymbolRefAttr, TensorType, UnitAttr, i32
+from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, SymbolRefAttr, TensorType, UnitAttr, i32
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
@@ -105,4 +105,38 @@ class LaunchOp(IRDLOperation):
     )
 
 
-Host = Dialect("host", [DimOp, AllocOp, LaunchOp], [])
+@irdl_op_definition
+class ReduceSumOp(IRDLOperation):
+    """Sum a host tensor over `dims` (kept as size 1 with `keepdim`), in fp32.
+
+    Used to finish deterministic gradient reductions (per-program partial sums).
+
+    ```mlir
+    %d_sinks = host.reduce_sum %partials dims array<i64: 0, 2> : tensor<?x64x?xf32> -> tensor<64xf32>
+    ```
+    """
+
+    name = "host.reduce_sum"
+    input = operand_def(TensorType)
+    dims = prop_def(DenseArrayBase)
+    keepdim = opt_prop_def(UnitAttr)
+    result = result_def(TensorType)
+    assembly_format = "$input `dims` $dims (`keepdim` $keepdim^)? attr-dict `:` type($input) `->` type($result)"
+
+
+@irdl_op_definition
+class ConvertOp(IRDLOperation):
+    """Convert a host tensor to another element type (same shape).
+
+    ```mlir
+    %dw = host.convert %dw32 : tensor<128xf32> -> tensor<128xbf16>
+    ```
+    """
+
+    name = "host.convert"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+
+Host = Dialect("host", [DimOp, AllocOp, LaunchOp, ReduceSumOp, ConvertOp], [])

@@ -20,7 +20,7 @@ from xdsl.ir import SSAValue
 
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
-from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.dialects.tile_builder import Value
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
@@ -64,6 +64,8 @@ class ForwardSpec:
     num_warps: int = 4
     num_stages: int = 3
     launch: dict[str, Attribute] = field(default_factory=dict)
+    remap: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    """Program values -> the host values a kernel reads instead (backward functions)."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -105,7 +107,7 @@ class ForwardKernel:
         if self.q_natural:
             self.layout = layout_k
 
-        sig = KernelSignature()
+        sig = KernelSignature(spec.remap)
         self.sig = sig
         self.q_arg = sig.tensor("Q", spec.q)
         self.k_arg = sig.tensor("K", spec.k)
@@ -137,7 +139,7 @@ class ForwardKernel:
         spec = self.spec
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
         self.b = b
-        bm, bn = self.block_m, self.block_n
+        bm = self.block_m
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         pid_m = b.program_id(0, name="pid_m")

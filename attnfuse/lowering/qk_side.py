@@ -120,25 +120,32 @@ class SideTransforms:
         out: dict[str, SSAValue] = {}
         for part in layout:
             x = b.mul(parts[part.role], scale_rows)
-            if n in self.weights:
-                cols, in_range = part.columns(b)
-                w_arg = self.weights[n]
-                assert w_arg.ptr is not None
-                w = b.load(w_arg.ptr, b.mul(cols, w_arg.strides[0]), mask=in_range, other=0.0)
-                w = b.add(b.cast(w, f32), op.float_option("weight_offset"))
-                x = b.mul(x, b.expand_dims(w, 0))
-            out[part.role] = x
+            w = self.norm_weight(b, n, op, part)
+            out[part.role] = x if w is None else b.mul(x, w)
         return out
 
     def _rope(
         self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
         batch: Value, row_mask: SSAValue,
     ) -> dict[str, SSAValue]:
+        cos, sin = self.cos_sin(b, n, op, parts["a"], rows, batch, row_mask)
+        a, bb = parts["a"], parts["b"]
+        out = dict(parts)
+        out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
+        out["b"] = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
+        return out
+
+
+    def cos_sin(
+        self, b: TileBuilder, n: int, op: RopeOp, like: SSAValue, rows: SSAValue,
+        batch: Value, row_mask: SSAValue,
+    ) -> tuple[SSAValue, SSAValue]:
+        """cos and sin ([R, W] fp32, yarn factor included) for the pairs of part `a`."""
         positions = self._positions(b, n, op, rows, batch, row_mask)
         half = op.rotary_width() // 2
         freq_arg = self.freqs[n]
         assert freq_arg.ptr is not None
-        width = parts["a"].type
+        width = like.type
         assert isinstance(width, TensorType)
         i = b.arange(0, width.get_shape()[1])
         freq = b.load(freq_arg.ptr, b.mul(i, freq_arg.strides[0]), mask=b.lt(i, half), other=0.0)
@@ -147,12 +154,17 @@ class SideTransforms:
         if op.str_option("scaling") == "yarn":
             factor = _yarn_attention_factor(op)
             cos, sin = b.mul(cos, factor), b.mul(sin, factor)
-        a, bb = parts["a"], parts["b"]
-        out = dict(parts)
-        out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
-        out["b"] = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
-        return out
+        return cos, sin
 
+    def norm_weight(self, b: TileBuilder, n: int, op: QKNormOp, part: Part) -> SSAValue | None:
+        """The [1, W] fp32 weight (+ offset) of a qk_norm on one part, or None."""
+        if n not in self.weights:
+            return None
+        cols, in_range = part.columns(b)
+        w_arg = self.weights[n]
+        assert w_arg.ptr is not None
+        w = b.load(w_arg.ptr, b.mul(cols, w_arg.strides[0]), mask=in_range, other=0.0)
+        return b.expand_dims(b.add(b.cast(w, f32), op.float_option("weight_offset")), 0)
 
     # -------------------------------------------------------------- natural layout
 

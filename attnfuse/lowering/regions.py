@@ -63,6 +63,17 @@ def lower_region(
 ) -> SSAValue:
     """Emit the ops of `block` with its leading args bound to `args` and the rest to
     `captures`; return the tile of the yielded value. `valid` masks gather loads."""
+    return lower_region_env(b, block, args, captures, valid)[0]
+
+
+def lower_region_env(
+    b: TileBuilder,
+    block: Block,
+    args: Sequence[SSAValue],
+    captures: Sequence[TensorArg | ScalarArg],
+    valid: SSAValue,
+) -> tuple[SSAValue, dict[SSAValue, SSAValue]]:
+    """`lower_region`, also returning every region value's tile (for differentiation)."""
     env: dict[SSAValue, SSAValue] = {}
     n_fixed = len(args)
     for arg, value in zip(block.args, args):
@@ -80,7 +91,7 @@ def lower_region(
 
     for op in block.ops:
         if isinstance(op, YieldOp):
-            return get(op.values[0])
+            return get(op.values[0]), env
         env[op.results[0]] = _lower_op(b, op, get, captured, valid)
     raise RegionLoweringError(block.parent_op() or block.last_op, "region has no attn.yield")  # type: ignore[arg-type]
 

@@ -16,6 +16,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects.attn import BiasOp, MaskOp, ScoreModOp, SoftcapOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.region_grad import region_backward
 from attnfuse.lowering.regions import lower_region
 from attnfuse.lowering.signature import KernelSignature, ScalarArg, TensorArg
 
@@ -86,23 +87,68 @@ class ScoreChain:
                         caps.append(sig.scalar(f"capture{n}_{i}", v))
                 self.captures[n] = caps
 
+    def apply_saving(
+        self, b: TileBuilder, s: SSAValue, at: TileCoords, *, full_tile: bool
+    ) -> tuple[SSAValue, list[SSAValue]]:
+        """`apply`, also returning each op's input tile (for `backward`)."""
+        inputs: list[SSAValue] = []
+        for n, op in enumerate(self.ops):
+            inputs.append(s)
+            s = self._apply_one(b, n, op, s, at, full_tile)
+        return s, inputs
+
     def apply(self, b: TileBuilder, s: SSAValue, at: TileCoords, *, full_tile: bool) -> SSAValue:
         """Run the chain on `s`; in a full tile, planned masks are skipped."""
         for n, op in enumerate(self.ops):
-            if isinstance(op, MaskOp):
-                if full_tile and op in self.planned:
-                    continue
-                keep = self.keep(b, n, op, at)
-                s = b.where(keep, s, float("-inf"), name="s_masked")
-            elif isinstance(op, SoftcapOp):
-                cap = op.float_option("cap")
-                s = b.mul(b.tanh(b.mul(s, 1.0 / cap)), cap, name="s_capped")
-            elif isinstance(op, BiasOp):
-                s = b.add(s, self._bias(b, n, op, at), name="s_biased")
-            elif isinstance(op, ScoreModOp):
-                args = [s, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
-                s = b.cast(lower_region(b, op.body.block, args, self.captures[n], at.valid), f32)
+            s = self._apply_one(b, n, op, s, at, full_tile)
         return s
+
+    def _apply_one(
+        self, b: TileBuilder, n: int, op: Operation, s: SSAValue, at: TileCoords, full_tile: bool
+    ) -> SSAValue:
+        if isinstance(op, MaskOp):
+            if full_tile and op in self.planned:
+                return s
+            return b.where(self.keep(b, n, op, at), s, float("-inf"), name="s_masked")
+        if isinstance(op, SoftcapOp):
+            cap = op.float_option("cap")
+            return b.mul(b.tanh(b.mul(s, 1.0 / cap)), cap, name="s_capped")
+        if isinstance(op, BiasOp):
+            return b.add(s, self._bias(b, n, op, at), name="s_biased")
+        assert isinstance(op, ScoreModOp)
+        args = [s, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
+        return b.cast(lower_region(b, op.body.block, args, self.captures[n], at.valid), f32)
+
+    def backward(
+        self, b: TileBuilder, ds: SSAValue, inputs: list[SSAValue], at: TileCoords, *,
+        full_tile: bool, on_bias: Callable[[int, SSAValue], None],
+    ) -> tuple[SSAValue, dict[int, SSAValue]]:
+        """Gradient with respect to the chain's input, given `ds` for its output.
+
+        `on_bias(n, grad)` receives the gradient tile of a bias tensor; the returned dict
+        holds per-tile sums for learnable ALiBi slopes (op index -> scalar).
+        """
+        slope_sums: dict[int, SSAValue] = {}
+        for n in reversed(range(len(self.ops))):
+            op, x = self.ops[n], inputs[n]
+            if isinstance(op, MaskOp):
+                if not (full_tile and op in self.planned):
+                    ds = b.where(self.keep(b, n, op, at), ds, 0.0)
+            elif isinstance(op, SoftcapOp):
+                t = b.tanh(b.mul(x, 1.0 / op.float_option("cap")))
+                ds = b.mul(ds, b.sub(1.0, b.mul(t, t)), name="ds_softcap")
+            elif isinstance(op, BiasOp):
+                if op.kind_name == "tensor":
+                    on_bias(n, ds)
+                elif op.slopes is not None:
+                    distance = b.cast(b.sub(b.expand_dims(at.cols, 0), b.expand_dims(at.rows, 1)), f32)
+                    contribution = b.where(at.valid, b.mul(ds, distance), 0.0)
+                    slope_sums[n] = b.reduce_sum(b.reduce_sum(contribution, 1), 0)
+            else:
+                assert isinstance(op, ScoreModOp)
+                args = [x, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
+                ds = region_backward(b, op.body.block, args, self.captures[n], at.valid, ds)
+        return ds, slope_sums
 
     def _bias(self, b: TileBuilder, n: int, op: BiasOp, at: TileCoords) -> SSAValue:
         arg = self.tensors[(n, 0)]

@@ -57,11 +57,14 @@ class ScalarArg:
 class KernelSignature:
     """Collects the arguments of one kernel (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remap: dict[SSAValue, SSAValue] | None = None) -> None:
         self.args: list[TensorArg | ScalarArg] = []
         self._by_host: dict[tuple[int, str], TensorArg | ScalarArg] = {}
+        self.remap = remap or {}
+        """Host values to use instead of the program's own (a backward function's args)."""
 
     def tensor(self, name: str, host: SSAValue) -> TensorArg:
+        host = self.remap.get(host, host)
         key = (id(host), "tensor")
         if key in self._by_host:
             found = self._by_host[key]
@@ -74,6 +77,7 @@ class KernelSignature:
         return arg
 
     def scalar(self, name: str, host: SSAValue) -> ScalarArg:
+        host = self.remap.get(host, host)
         key = (id(host), "scalar")
         if key in self._by_host:
             found = self._by_host[key]

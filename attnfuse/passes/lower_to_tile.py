@@ -24,29 +24,25 @@ tile.kernel @f_fwd(...) { ... }
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from xdsl.builder import Builder
 from xdsl.context import Context
-from xdsl.dialects import arith, func
+from xdsl.dialects import func
 from xdsl.dialects.builtin import (
-    DenseIntOrFPElementsAttr,
-    IntegerAttr,
     ModuleOp,
     StringAttr,
-    SymbolRefAttr,
     TensorType,
     f32,
     i32,
 )
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
-from attnfuse.dialects.host import AllocOp, DimOp, LaunchOp
+from attnfuse.dialects.host import DimOp
+from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
@@ -94,53 +90,6 @@ def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp) -> int:
     return 1
 
 
-class HostCode:
-    """Appends host ops before the first op of an attention function."""
-
-    def __init__(self, function: func.FuncOp) -> None:
-        first = function.body.block.first_op
-        assert first is not None
-        self.builder = Builder(InsertPoint.before(first))
-        self.tables: dict[tuple[float, ...], SSAValue] = {}
-
-    def emit(self, op: Operation, name: str | None = None) -> SSAValue:
-        self.builder.insert(op)
-        if op.results and name:
-            op.results[0].name_hint = name
-        return op.results[0] if op.results else None  # type: ignore[return-value]
-
-    def const(self, value: int, name: str | None = None) -> SSAValue:
-        return self.emit(arith.ConstantOp(IntegerAttr(value, i32)), name)
-
-    def table(self, values: Sequence[float]) -> SSAValue:
-        key = tuple(values)
-        if key not in self.tables:
-            ty = TensorType(f32, [len(values)])
-            attr = DenseIntOrFPElementsAttr.from_list(ty, list(values))
-            self.tables[key] = self.emit(arith.ConstantOp(attr), "table")
-        return self.tables[key]
-
-    def cdiv(self, a: SSAValue, block: int, name: str) -> SSAValue:
-        return self.emit(arith.CeilDivSIOp(a, self.const(block)), name)
-
-    def mul(self, a: SSAValue, factor: int, name: str) -> SSAValue:
-        return self.emit(arith.MuliOp(a, self.const(factor)), name)
-
-    def alloc(self, ty: Attribute, sizes: list[SSAValue], name: str, *, zero: bool = False) -> SSAValue:
-        op = AllocOp.build(operands=[sizes], result_types=[ty], properties={"zero": None})
-        if zero:
-            from xdsl.dialects.builtin import UnitAttr
-
-            op.properties["zero"] = UnitAttr()
-        return self.emit(op, name)
-
-    def launch(self, kernel: str, grid: Sequence[SSAValue], args: Sequence[SSAValue]) -> None:
-        self.emit(LaunchOp.build(
-            operands=[grid[0], grid[1], grid[2], list(args)],
-            properties={"kernel": SymbolRefAttr(kernel)},
-        ))
-
-
 def _in_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     return [t for t in transforms if t.str_option("placement") != "prekernel"]
 
@@ -178,7 +127,9 @@ class LowerToTilePass(ModulePass):
         function = program.func
         fname = function.sym_name.data
         args = function.args
-        host = HostCode(function)
+        first = function.body.block.first_op
+        assert first is not None
+        host = HostCode(InsertPoint.before(first))
         q, k, v = args[program.q.arg_index], args[program.k.arg_index], args[program.v_arg]
         batch = host.emit(DimOp(q, 0), "batch")
         q_len = host.emit(DimOp(q, 2), "q_len")

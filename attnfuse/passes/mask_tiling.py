@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
@@ -195,11 +195,6 @@ def plan_masks(masks: list[MaskOp]) -> TilePlan:
     return TilePlan(band, prefix, exact and (band is not None or prefix is not None), runtime_map)
 
 
-def _head_dim(ty: Attribute) -> int:
-    assert isinstance(ty, TensorType)
-    return int(ty.get_shape()[3])
-
-
 def effective_masks(score_ops: list[Operation]) -> list[MaskOp]:
     """Masks whose -inf reaches the softmax: those after the last softcap/score_mod.
 
@@ -236,7 +231,6 @@ class MaskTilingPass(ModulePass):
             if program.online is None:
                 raise ProgramError("mask-tiling runs after online-softmax", program.scores)
             plan = plan_masks(effective_masks(program.score_ops))
-            head_dim = max(_head_dim(program.scores.q.type), _head_dim(program.v_type))
             block_m = self.block_m or 128
             block_n = self.block_n or 64
             for key, value in plan.properties(block_m, block_n).items():
