@@ -87,6 +87,23 @@ def test_rope_layouts_differ() -> None:
     check(p, strategy="separate")
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ({"theta": 100.0}, {"theta": 500.0}),
+        ({"rotary_dim": 32}, {"theta": 500.0}),
+        ({"style": "interleaved"}, {"style": "half"}),
+    ],
+    ids=["same_layout", "partial_then_full", "interleaved_then_half"],
+)
+def test_two_ropes_on_one_side(first: dict[str, Any], second: dict[str, Any], strategy: str) -> None:
+    """Two rotations in a row on Q and K (legal IR: rope composes). The kernel must pair
+    the dims of each rope by that rope's own style and rotary_dim."""
+    p = Builder().rope(**first).rope(**second).mask("causal").build()
+    check(p, strategy=strategy)
+
+
 # ============================================================================ QK-norm
 
 QK_NORM_VARIANTS: dict[str, dict[str, Any]] = {
@@ -157,6 +174,21 @@ def test_edge_lengths(sq: int, skv: int) -> None:
     """Decode (one query), one key, exact multiples of the block size."""
     p = Builder().rope().build()
     check(p, q_len=sq, kv_len=skv)
+
+
+def test_empty_kv() -> None:
+    """No keys at all: every row is empty, output 0 and lse -inf (the kernel still
+    launches; checked directly, the reference needs at least one key)."""
+    p = Builder().rope().mask("causal").build()
+    out, lse = compile_program(p.text)(*p.inputs(2, 37, 0), return_lse=True)
+    assert out.shape == (2, 4, 37, 64) and (out == 0).all()
+    assert torch.isneginf(lse).all()
+
+
+def test_empty_q() -> None:
+    p = Builder().rope().mask("causal").build()
+    out, lse = compile_program(p.text)(*p.inputs(2, 0, 37), return_lse=True)
+    assert out.shape == (2, 4, 0, 64) and lse.shape == (2, 4, 0)
 
 
 def test_batch_one() -> None:
@@ -632,6 +664,23 @@ def test_dtypes(name: str, dtype: str) -> None:
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
 def test_dtypes_prekernels(dtype: str, strategy: str) -> None:
     p = Builder().qk_norm(weight="f32").rope().mask("causal").build().with_dtype(dtype)
+    check(p, strategy=strategy)
+
+
+# ============================================================================ everything at once
+
+
+@pytest.mark.parametrize("dtype,strategy", [("f32", "fused"), ("f16", "hybrid"), ("bf16", "separate")])
+def test_everything(dtype: str, strategy: str) -> None:
+    """Norm + scaled RoPE with positions, ALiBi + bias tensor, softcap, prefix-lm and a
+    bottom-right window, sinks, dropout and the lse, in one kernel."""
+    b = Builder(hq=6, hkv=3, d=80, dv=48)
+    pos = b.positions(2)
+    plen = b.prefix_lengths()
+    b.qk_norm(weight="f32").rope(positions=pos, scaling="llama3", factor=8.0, original_max_position=64)
+    b.alibi().bias((1, 6, "?", "?")).softcap(30.0)
+    b.mask("prefix_lm", plen).mask("sliding_window", left=11, align="bottom_right")
+    p = b.build(dropout=0.1, sinks=True, lse=True).with_dtype(dtype)
     check(p, strategy=strategy)
 
 
