@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType
+from xdsl.dialects.builtin import ArrayAttr, IntegerType, ModuleOp, TensorType
 from xdsl.printer import Printer
 
 from attnfuse.backends.triton.emitter import KernelMetadata, emit_module, kernel_metadata
@@ -111,28 +111,59 @@ class AttentionFunction:
             PassManager(pipeline, device=device).run(module, ctx, locations=locations)
             kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
             self.triton_source = emit_module(kernels)
-            lowered = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == self.name)
-            host_text = _print(lowered)
+            host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
+            host_text = "\n".join(_print(f) for f in host_funcs)
             metadata = {k.sym_name.data: kernel_metadata(k) for k in kernels}
             self.lowered_ir = str(module)
             _store_cache(key, self.triton_source, host_text, metadata)
         else:
             self.triton_source, host_text, metadata = cached
             self.lowered_ir = host_text
-            lowered_module = parse_module_with_locations(ctx, host_text, "<cache>")[0]
-            lowered = next(f for f in lowered_module.ops if isinstance(f, func.FuncOp))
-        self._host = HostProgram(lowered, self.triton_source, metadata)
+            host_funcs = [f for f in parse_module_with_locations(ctx, host_text, "<cache>")[0].ops
+                          if isinstance(f, func.FuncOp)]
+        by_name = {f.sym_name.data: f for f in host_funcs}
+        self._host = HostProgram(by_name[self.name], self.triton_source, metadata)
+        backward = by_name.get(f"{self.name}_backward")
+        self._backward: HostProgram | None = None
+        self._grad_of: list[int] = []
+        if backward is not None:
+            self._backward = HostProgram(backward, self.triton_source, metadata)
+            grad_of = backward.attributes["attnfuse.grad_of"]
+            assert isinstance(grad_of, ArrayAttr)
+            self._grad_of = [int(a.value.data) for a in grad_of.data]  # type: ignore[attr-defined]
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, return_lse: bool = False) -> Any:
+        """Run the program; differentiable when any tensor argument requires grad."""
         device = self._check(args)
         converted = [_as_scalar(a) if not isinstance(p.type, TensorType) else a for a, p in zip(args, self.parameters)]
-        out, lse = self._host.run(converted, device)[:2]
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in converted
+        )
+        if needs_grad:
+            if self._backward is None:
+                raise RuntimeError(f"@{self.name} was compiled without lower-backward: it has no gradient")
+            out, lse = _Differentiable.apply(self, device, *converted)
+        else:
+            out, lse = self._host.run(converted, device)[:2]
         if return_lse or self.returns_lse:
             return out, lse
         return out
+
+    def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                  d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+        """Run the compiled backward: one gradient per argument (None where there is none)."""
+        assert self._backward is not None
+        if d_lse is None:
+            d_lse = torch.zeros_like(lse)
+        device = out.device
+        results = self._backward.run([*args, out, lse, d_out, d_lse], device)
+        grads: list[torch.Tensor | None] = [None] * len(self.parameters)
+        for index, grad in zip(self._grad_of, results):
+            grads[index] = grad
+        return grads
 
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""
@@ -187,6 +218,42 @@ class AttentionFunction:
             )
         if k.shape[2] != v.shape[2]:
             raise AttnfuseArgumentError(f"k and v sequence lengths differ: {k.shape[2]} vs {v.shape[2]}")
+
+
+class _Differentiable(torch.autograd.Function):
+    """Forward saves the inputs, O and lse; backward runs the compiled backward kernels."""
+
+    @staticmethod
+    def forward(ctx: Any, fn: AttentionFunction, device: torch.device, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = fn._host.run(list(args), device)[:2]  # noqa: SLF001
+        ctx.fn = fn
+        ctx.tensor_index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        ctx.scalars = {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
+        ctx.needs = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+        ctx.save_for_backward(*(args[i] for i in ctx.tensor_index), out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
+        fn: AttentionFunction = ctx.fn
+        saved = ctx.saved_tensors
+        *tensors, out, lse = saved
+        args: list[Any] = [None] * (len(tensors) + len(ctx.scalars))
+        for i, t in zip(ctx.tensor_index, tensors):
+            args[i] = t
+        for i, value in ctx.scalars.items():
+            args[i] = value
+        if d_out is None:
+            d_out = torch.zeros_like(out)
+        grads = fn.gradients(args, out, lse, d_out, d_lse)
+        for i, (needed, grad) in enumerate(zip(ctx.needs, grads)):
+            if needed and grad is None:
+                name = fn.parameters[i].name
+                raise RuntimeError(
+                    f"@{fn.name}: argument {i} '{name}' requires grad, but AttnFuse derives no gradient "
+                    "for it (only q, k, v, QK-norm weights, bias tensors, ALiBi slopes and sinks)"
+                )
+        return (None, None, *(g if needed else None for g, needed in zip(grads, ctx.needs)))
 
 
 def _as_scalar(value: Any) -> Any:

@@ -40,6 +40,7 @@ def build_block_map(
     kv_len: SSAValue,
     one: SSAValue,
     fname: str,
+    remap: dict[SSAValue, SSAValue] | None = None,
 ) -> tuple[BlockMap, Operation]:
     """Allocate the map buffers, launch the map kernel; return them and the kernel."""
     online = program.online
@@ -60,7 +61,7 @@ def build_block_map(
         full_index=host.alloc(mat, [slots, n_kv], "full_index"),
         per_head=per_head,
     )
-    sig = KernelSignature()
+    sig = KernelSignature(remap)
     chain = ScoreChain(list(masks), sig, host.table, set())
     outs = [sig.tensor(name, value) for name, value in (
         ("partial_count", block_map.partial_count), ("partial_index", block_map.partial_index),

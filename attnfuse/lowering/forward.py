@@ -76,6 +76,9 @@ def _dims(value: SSAValue) -> tuple[int, ...]:
 class ForwardKernel:
     """Builds the forward `tile.kernel` from a `ForwardSpec`."""
 
+    ALLOW_NATURAL_Q = True
+    """Whether Q may be rotated as one tile (the backward needs the parts layout)."""
+
     def __init__(self, spec: ForwardSpec, name: str) -> None:
         self.spec = spec
         self.name = name
@@ -103,7 +106,7 @@ class ForwardKernel:
         self.layout = layout_q if rope_q is not None else layout_k
         # Without a rotation of K tiles in the kernel, Q is rotated whole (partner load)
         # and both sides stay one [rows, D] tile: a single dot per KV tile.
-        self.q_natural = rope_k is None and rope_q is not None
+        self.q_natural = self.ALLOW_NATURAL_Q and rope_k is None and rope_q is not None
         if self.q_natural:
             self.layout = layout_k
 
@@ -252,13 +255,7 @@ class ForwardKernel:
             full_end = b.maximum(b.add(b.add(q_start, diag), int(upper) + 1), 0)
             full_hi = b.mul(b.div(full_end, bn), bn)
         if prefix is not None:
-            if int(prefix) >= 0:
-                prefix_v: Value = int(prefix)
-            else:
-                mask = next(op for op in self.spec.program.score_ops if isinstance(op, MaskOp) and op.kind_name == "prefix_lm")
-                arg = self.chain.tensors[(self.spec.program.score_ops.index(mask), 0)]
-                assert arg.ptr is not None
-                prefix_v = b.load(arg.ptr, b.mul(self.coords[0], arg.strides[0]), name="prefix_len")
+            prefix_v = int(prefix) if int(prefix) >= 0 else self.prefix_value(self.coords[0])
             prefix_end = b.minimum(prefix_v, kv_len)
             hi = b.maximum(hi, prefix_end)
             full_hi = b.maximum(full_hi, b.mul(b.div(prefix_end, bn), bn))
@@ -270,6 +267,14 @@ class ForwardKernel:
         f0 = b.minimum(b.maximum(full_lo, lo), hi_tiles, name="full_lo")
         f1 = b.minimum(b.maximum(full_hi, f0), hi_tiles, name="full_hi")
         return [(lo, f0, False), (f0, f1, True), (f1, hi, False)]
+
+    def prefix_value(self, batch: SSAValue) -> SSAValue:
+        """The prefix length of batch element `batch` (prefix_lm with an operand)."""
+        b = self.b
+        mask = next(op for op in self.spec.program.score_ops if isinstance(op, MaskOp) and op.kind_name == "prefix_lm")
+        arg = self.chain.tensors[(self.spec.program.score_ops.index(mask), 0)]
+        assert arg.ptr is not None
+        return b.load(arg.ptr, b.mul(batch, arg.strides[0]), name="prefix_len")
 
     def _kv_loop(self, lo: Value, hi: Value, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
         b = self.b

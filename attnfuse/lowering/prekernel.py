@@ -29,11 +29,12 @@ def build_prekernel(
     seq_len: SSAValue,
     inv_freq: Callable[[RopeOp], SSAValue],
     launch: dict[str, Attribute],
+    remap: dict[SSAValue, SSAValue] | None = None,
 ) -> tuple[KernelOp, list[SSAValue]]:
     """The kernel and its launch operands (grid: cdiv(S, 64) x B*H)."""
     assert isinstance(source.type, TensorType)
     heads, head_dim = source.type.get_shape()[1], source.type.get_shape()[3]
-    sig = KernelSignature()
+    sig = KernelSignature(remap)
     src = sig.tensor("X", source)
     dst = sig.tensor("Y", target)
     side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq), "x")
@@ -53,4 +54,48 @@ def build_prekernel(
     parts32 = {r: b.cast(t, f32) for r, t in parts.items()}
     parts32 = side.apply(b, parts32, layout, rows, batch_index, row_ok)
     store_parts(b, dst, dst.base(b, batch_index, head), rows, row_ok, layout, parts32)
+    return b.finish(), sig.host_operands()
+
+
+def build_prekernel_backward(
+    name: str,
+    source: SSAValue,
+    grad_in: SSAValue,
+    target: SSAValue,
+    transforms: list[RopeOp | QKNormOp],
+    batch: SSAValue,
+    seq_len: SSAValue,
+    inv_freq: Callable[[RopeOp], SSAValue],
+    weight_partials: dict[int, SSAValue],
+    remap: dict[SSAValue, SSAValue],
+) -> tuple[KernelOp, list[SSAValue]]:
+    """The transpose of a pre-kernel: `grad_in` (fp32, w.r.t. its output) -> `target`
+    (w.r.t. its input `source`), plus per-program norm-weight partial sums."""
+    from attnfuse.lowering.backward import store_weight_partial
+    from attnfuse.lowering.qk_side_grad import backward, forward_saving
+
+    assert isinstance(source.type, TensorType)
+    heads, head_dim = source.type.get_shape()[1], source.type.get_shape()[3]
+    sig = KernelSignature(remap)
+    src, gin, dst = sig.tensor("X", source), sig.tensor("dY", grad_in), sig.tensor("dX", target)
+    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq), "x")
+    partial_args = {n: sig.tensor(f"d_norm_w{n}", v) for n, v in weight_partials.items()}
+    sig.scalar("B", batch)
+    seq = sig.scalar("S", seq_len)
+    b = sig.start(name, num_warps=4, num_stages=1, launch={})
+    rope = next((t for t in transforms if isinstance(t, RopeOp)), None)
+    layout = partition(rope, head_dim)
+    pid_s, pid_bh = b.program_id(0, name="pid_s"), b.program_id(1, name="pid_bh")
+    batch_index, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
+    rows = b.add(b.mul(pid_s, ROWS_PER_PROGRAM), b.arange(0, ROWS_PER_PROGRAM), name="rows")
+    assert seq.value is not None
+    row_ok = b.lt(rows, seq.value, name="row_ok")
+    x = load_parts(b, src, src.base(b, batch_index, head), rows, row_ok, layout)
+    states = forward_saving(side, b, {r: b.cast(t, f32) for r, t in x.items()}, layout, rows, batch_index, row_ok)
+    grad = load_parts(b, gin, gin.base(b, batch_index, head), rows, row_ok, layout)
+    dx, grads = backward(side, b, grad, states, layout, rows, batch_index, row_ok)
+    store_parts(b, dst, dst.base(b, batch_index, head), rows, row_ok, layout, dx)
+    slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_s, name="slot")
+    for (n, role), sums in grads.weights.items():
+        store_weight_partial(b, partial_args[n], slot, next(p for p in layout if p.role == role), sums)
     return b.finish(), sig.host_operands()

@@ -29,7 +29,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.backends.triton.emitter import KernelMetadata
 from attnfuse.backends.triton.loader import load_kernels
-from attnfuse.dialects.host import AllocOp, DimOp, LaunchOp
+from attnfuse.dialects.host import AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
 
 
 def torch_dtype(element_type: Attribute) -> torch.dtype:
@@ -152,6 +152,17 @@ class HostProgram:
                 kernel[grid](*args, num_warps=meta.num_warps, num_stages=meta.num_stages)
 
             return launch
+        if isinstance(op, ReduceSumOp):
+            dims = tuple(op.dims.get_values())
+            keepdim = op.keepdim is not None
+            return lambda env, _: env.__setitem__(
+                op.result, env[op.input].sum(dim=dims, keepdim=keepdim, dtype=torch.float32)
+            )
+        if isinstance(op, ConvertOp):
+            ty = op.result.type
+            assert isinstance(ty, TensorType)
+            dtype = torch_dtype(ty.element_type)
+            return lambda env, _: env.__setitem__(op.result, env[op.input].to(dtype))
         if isinstance(op, func.ReturnOp):
             return lambda env, _: env.__setitem__(op, [env[v] for v in op.arguments])
         raise TypeError(f"the runtime cannot execute host op {op.name}")

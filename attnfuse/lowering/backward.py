@@ -1,0 +1,392 @@
+"""The backward kernels of an attention program, derived from its forward structure.
+
+* `preprocess`: `delta = rowsum(dO * O) - dlse` per query row (fp32);
+* `DqKernel`: one program per (query block, batch x query head), walking the same KV
+  tiles as the forward (its plan and block map): recompute `S` (Q/K transforms, score
+  chain) and `P = exp(S - lse)`, then `dS = P (dP - delta)` with `dP = dO V^T`
+  (dropout regenerated from the seed), back through the score chain, and
+  `dQ += dS K`; the epilogue takes dQ back through Q's transforms. It also writes the
+  bias-tensor gradient and per-program partial sums for sinks, ALiBi slopes and Q-norm
+  weights;
+* `DkvKernel`: one program per (KV block, batch x KV head), its K tile transformed once;
+  it loops over the query heads of its GQA group and the query blocks the tile plan
+  allows: `dV += P^T dO`, `dK += dS^T Q`; the epilogue takes dK back through K's
+  transforms. dK/dV are summed over the group inside the program.
+
+No atomics: every gradient is written once, and vector gradients are per-program
+partials reduced on the host, so results are deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, _pow2
+from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, store_parts
+from attnfuse.lowering.qk_side_grad import backward as side_backward
+from attnfuse.lowering.qk_side_grad import forward_saving
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+
+@dataclass
+class GradBuffers:
+    """Host buffers the backward kernels write, besides dQ/dK/dV."""
+
+    bias: dict[int, SSAValue] = field(default_factory=dict)
+    """score-op index -> [B, Hq, Sq, Skv] fp32 gradient of a bias tensor."""
+    slopes: dict[int, SSAValue] = field(default_factory=dict)
+    """score-op index -> [B, Hq, nQ] fp32 partial sums of a learnable ALiBi slope."""
+    sinks: SSAValue | None = None
+    """[B, Hq, nQ] fp32 partial sums of the sink-logit gradient."""
+    q_weights: dict[int, SSAValue] = field(default_factory=dict)
+    """Q transform index -> [B, Hq, nQ, D] fp32 partial sums of a norm weight gradient."""
+    k_weights: dict[int, SSAValue] = field(default_factory=dict)
+    """K transform index -> [B, Hkv, nKV, D] fp32 partial sums."""
+
+
+@dataclass
+class BackwardSpec:
+    forward: ForwardSpec
+    d_out: SSAValue
+    lse: SSAValue
+    delta: SSAValue
+    dq: SSAValue
+    dk: SSAValue
+    dv: SSAValue
+    grads: GradBuffers
+
+
+def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue, delta: SSAValue,
+                     batch: SSAValue, q_len: SSAValue, heads: int, block_m: int) -> tuple[KernelOp, list[SSAValue]]:
+    """`delta = rowsum(dO * O) - dlse`, one program per (query block, batch x head)."""
+    assert isinstance(out.type, TensorType)
+    v_dim = out.type.get_shape()[3]
+    sig = KernelSignature()
+    o_arg, do_arg = sig.tensor("Out", out), sig.tensor("dOut", d_out)
+    dlse_arg, delta_arg = sig.tensor("dLSE", d_lse), sig.tensor("Delta", delta)
+    sig.scalar("B", batch)
+    sq = sig.scalar("Sq", q_len)
+    b = sig.start(name, num_warps=4, num_stages=1, launch={})
+    assert sq.value is not None
+    pid_m, pid_bh = b.program_id(0, name="pid_m"), b.program_id(1, name="pid_bh")
+    bi, h = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
+    rows = b.add(b.mul(pid_m, block_m), b.arange(0, block_m), name="rows")
+    row_ok = b.lt(rows, sq.value)
+    d = b.arange(0, _pow2(v_dim))
+    mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, v_dim), 0))
+    total = None
+    for arg in (o_arg, do_arg):
+        offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
+        x = b.cast(b.load(arg.base(b, bi, h), offs, mask=mask, other=0.0), f32)
+        total = x if total is None else b.mul(total, x)
+    assert total is not None
+    dlse = b.load(dlse_arg.base(b, bi, h), b.mul(rows, dlse_arg.strides[2]), mask=row_ok, other=0.0)
+    delta = b.sub(b.reduce_sum(total, 1), dlse, name="delta")
+    b.store(delta_arg.base(b, bi, h), b.mul(rows, delta_arg.strides[2]), delta, mask=row_ok)
+    return b.finish(), sig.host_operands()
+
+
+class _Recompute:
+    """Per-tile recomputation shared by the dQ and dK/dV kernels."""
+
+    b: TileBuilder
+    chain: ScoreChain
+    scale: float
+    dropout_p: float
+    seed_bh: SSAValue | None
+
+    def probabilities(
+        self, q_parts: dict[str, SSAValue], k_parts: dict[str, SSAValue], layout: tuple[Part, ...],
+        at: TileCoords, lse: SSAValue, *, full_tile: bool,
+    ) -> tuple[SSAValue, list[SSAValue]]:
+        """(P, chain inputs) of one [BM, BN] tile; lse is [BM] (natural log)."""
+        b = self.b
+        s: SSAValue | None = None
+        for part in layout:
+            s = b.dot(q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
+        assert s is not None
+        s = b.mul(s, self.scale, name="s")
+        s, inputs = self.chain.apply_saving(b, s, at, full_tile=full_tile)
+        if not full_tile:
+            s = b.where(at.valid, s, float("-inf"))
+        lse_safe = b.where(b.eq(lse, float("-inf")), 0.0, lse)
+        p = b.exp2(b.mul(b.sub(s, b.expand_dims(lse_safe, 1)), LOG2E), name="p")
+        return p, inputs
+
+    def keep(self, at: TileCoords) -> SSAValue:
+        b = self.b
+        assert self.seed_bh is not None
+        counters = b.add(b.expand_dims(b.mul(at.rows, at.kv_len), 1), b.expand_dims(at.cols, 0))
+        return b.ge(b.rand(self.seed_bh, counters), self.dropout_p, name="keep")
+
+
+class _PartsKernel(ForwardKernel):
+    ALLOW_NATURAL_Q = False
+
+
+class DqKernel(_PartsKernel, _Recompute):
+    """dQ (and bias / sink / slope / Q-norm-weight gradients): see the module docstring."""
+
+    def __init__(self, spec: BackwardSpec, name: str) -> None:
+        super().__init__(spec.forward, name)
+        self.bspec = spec
+        sig = self.sig
+        self.do_arg = sig.tensor("dOut", spec.d_out)
+        self.lse_in = sig.tensor("LSE_in", spec.lse)
+        self.delta_arg = sig.tensor("Delta", spec.delta)
+        self.dq_arg = sig.tensor("dQ", spec.dq)
+        grads = spec.grads
+        self.bias_args = {n: sig.tensor(f"d_bias{n}", v) for n, v in grads.bias.items()}
+        self.slope_args = {n: sig.tensor(f"d_slopes{n}", v) for n, v in grads.slopes.items()}
+        self.sinks_grad = sig.tensor("d_sinks", grads.sinks) if grads.sinks is not None else None
+        self.qw_args = {n: sig.tensor(f"d_q_norm_w{n}", v) for n, v in grads.q_weights.items()}
+        self.dropout_p = self.online.float_option("dropout_p")
+
+    def build(self) -> KernelOp:
+        fwd = self.spec
+        b = self.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
+        self.b = b
+        bm = self.block_m
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        pid_m, pid_bh = b.program_id(0, name="pid_m"), b.program_id(1, name="pid_bh")
+        batch, head = b.div(pid_bh, self.hq, name="batch"), b.rem(pid_bh, self.hq, name="head")
+        kv_head = b.div(head, self.hq // self.hk, name="kv_head")
+        v_head = b.div(head, self.hq // self.hv, name="v_head")
+        q_start = b.mul(pid_m, bm, name="q_start")
+        rows = b.add(q_start, b.arange(0, bm), name="rows")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        self.coords = (batch, head, rows, q_len, kv_len)
+        dtype = self._dtype(fwd.q)
+        q_in = load_parts(b, self.q_arg, self.q_arg.base(b, batch, head), rows, row_ok, self.layout)
+        q32 = {r: b.cast(t, f32) for r, t in q_in.items()}
+        self.q_states = forward_saving(self.q_side, b, q32, self.layout, rows, batch, row_ok)
+        self.q_parts = {r: b.cast(t, dtype) for r, t in self.q_states[-1].items()}
+        self.k_base = self.k_arg.base(b, batch, kv_head)
+        self.v_base = self.v_arg.base(b, batch, v_head)
+        self.seed_bh = None
+        if self.seed_arg is not None:
+            assert self.seed_arg.value is not None
+            self.seed_bh = b.add(self.seed_arg.value, b.mul(b.to_i64(pid_bh), 2**32), name="seed_bh")
+        dv_pad = _pow2(self.v_dim)
+        d = b.arange(0, dv_pad)
+        d_mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+        do_offs = b.add(b.expand_dims(b.mul(rows, self.do_arg.strides[2]), 1),
+                        b.expand_dims(b.mul(d, self.do_arg.strides[3]), 0))
+        self.d_out = b.load(self.do_arg.base(b, batch, head), do_offs, mask=d_mask, other=0.0, name="d_out")
+        self.lse = b.load(self.lse_in.base(b, batch, head), b.mul(rows, self.lse_in.strides[2]), mask=row_ok,
+                          other=float("-inf"), name="lse")
+        self.delta = b.load(self.delta_arg.base(b, batch, head), b.mul(rows, self.delta_arg.strides[2]),
+                            mask=row_ok, other=0.0, name="delta")
+
+        state = [b.zeros((bm, p.tile_width), f32, name=f"dq_{p.role}") for p in self.layout]
+        state += [b.constant(0.0, f32, name=f"d_slope{n}") for n in self.slope_args]
+        if fwd.block_map is not None:
+            state = self._walk_block_map(state, batch, head, pid_m)
+        else:
+            for lo, hi, full in self._loop_ranges(q_start, q_len, kv_len):
+                state = self._kv_loop(lo, hi, state, full_tile=full)
+        n_parts = len(self.layout)
+        dq = {p.role: b.mul(v, self.scale) for p, v in zip(self.layout, state[:n_parts])}
+        slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_m, name="slot")
+        for (n, arg), total in zip(self.slope_args.items(), state[n_parts:]):
+            assert arg.ptr is not None
+            b.store(arg.ptr, b.mul(slot, 1), total)
+        if self.sinks_grad is not None and self.sinks_arg is not None:
+            assert self.sinks_arg.ptr is not None and self.sinks_grad.ptr is not None
+            sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32)
+            lse_safe = b.where(b.eq(self.lse, float("-inf")), 0.0, self.lse)
+            p_sink = b.exp(b.sub(sink, lse_safe))
+            contribution = b.where(row_ok, b.neg(b.mul(p_sink, self.delta)), 0.0)
+            b.store(self.sinks_grad.ptr, slot, b.reduce_sum(contribution, 0))
+        grad, side_grads = side_backward(self.q_side, b, dq, self.q_states, self.layout, rows, batch, row_ok)
+        store_parts(b, self.dq_arg, self.dq_arg.base(b, batch, head), rows, row_ok, self.layout, grad)
+        for (n, role), column_sums in side_grads.weights.items():
+            store_weight_partial(b, self.qw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
+        return b.finish()
+
+    def _tile(self, start_n: SSAValue, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
+        b, fwd = self.b, self.spec
+        batch, head, rows, q_len, kv_len = self.coords
+        cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
+        col_ok = b.lt(cols, kv_len, name="col_ok")
+        k_in = load_parts(b, self.k_arg, self.k_base, cols, None if full_tile else col_ok, self.layout)
+        dtype = self._dtype(fwd.k)
+        if fwd.k_transforms:
+            k32 = self.k_side.apply(b, {r: b.cast(t, f32) for r, t in k_in.items()}, self.layout, cols, batch, col_ok)
+            k_in = {r: b.cast(t, dtype) for r, t in k32.items()}
+        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        p, inputs = self.probabilities(self.q_parts, k_in, self.layout, at, self.lse, full_tile=full_tile)
+        v = _load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
+        dp = b.dot(self.d_out, b.trans(v), name="dp")
+        if self.seed_bh is not None:
+            dp = b.where(self.keep(at), b.mul(dp, 1.0 / (1.0 - self.dropout_p)), 0.0)
+        ds = b.mul(p, b.sub(dp, b.expand_dims(self.delta, 1)), name="ds")
+
+        def on_bias(n: int, grad: SSAValue) -> None:
+            arg = self.bias_args[n]
+            offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(cols, arg.strides[3]), 0))
+            b.store(arg.base(b, batch, head), offs, grad, mask=valid)
+
+        ds, slope_sums = self.chain.backward(b, ds, inputs, at, full_tile=full_tile, on_bias=on_bias)
+        ds_low = b.cast(ds, dtype)
+        n_parts = len(self.layout)
+        out = [b.dot(ds_low, k_in[part.role], acc) for part, acc in zip(self.layout, state[:n_parts])]
+        for n, acc in zip(self.slope_args, state[n_parts:]):
+            out.append(b.add(acc, slope_sums[n]))
+        return out
+
+
+class DkvKernel(_Recompute):
+    """dK and dV for one KV block of one KV head (see the module docstring)."""
+
+    def __init__(self, spec: BackwardSpec, name: str) -> None:
+        fwd = spec.forward
+        self.bspec, self.spec, self.name = spec, fwd, name
+        base = _PartsKernel(fwd, name)  # same layout decisions, arguments and chain
+        self.base = base
+        self.layout, self.chain, self.scale = base.layout, base.chain, base.scale
+        self.online = base.online
+        self.dropout_p = self.online.float_option("dropout_p")
+        sig = base.sig
+        self.do_arg = sig.tensor("dOut", spec.d_out)
+        self.lse_in = sig.tensor("LSE_in", spec.lse)
+        self.delta_arg = sig.tensor("Delta", spec.delta)
+        self.dk_arg = sig.tensor("dK", spec.dk)
+        self.dv_arg = sig.tensor("dV", spec.dv)
+        self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
+
+    def build(self) -> KernelOp:
+        fwd, base = self.spec, self.base
+        b = base.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
+        self.b = base.b = b
+        bm, bn = base.block_m, base.block_n
+        q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        pid_n, pid_bh = b.program_id(0, name="pid_n"), b.program_id(1, name="pid_bh")
+        batch, kv_head = b.div(pid_bh, base.hk, name="batch"), b.rem(pid_bh, base.hk, name="kv_head")
+        n_start = b.mul(pid_n, bn, name="n_start")
+        cols = b.add(n_start, b.arange(0, bn), name="cols")
+        col_ok = b.lt(cols, kv_len, name="col_ok")
+        dtype = base._dtype(fwd.k)
+        k_in = load_parts(b, base.k_arg, base.k_arg.base(b, batch, kv_head), cols, col_ok, self.layout)
+        k_states = forward_saving(base.k_side, b, {r: b.cast(t, f32) for r, t in k_in.items()},
+                                  self.layout, cols, batch, col_ok)
+        k_parts = {r: b.cast(t, dtype) for r, t in k_states[-1].items()}
+        v = _load_rows(b, base.v_arg, base.v_arg.base(b, batch, kv_head), cols, col_ok, base.v_dim, False)
+        group = base.hq // base.hk
+        dv_pad = _pow2(base.v_dim)
+        state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
+        state.append(b.zeros((bn, dv_pad), f32, name="dv"))
+        self.batch = batch
+        lo, hi = self._q_range(n_start, q_len, kv_len)
+        with b.for_(0, group, 1, inits=state, iv_name="g") as heads:
+            head = b.add(b.mul(kv_head, group), heads.iv, name="head")
+            self.seed_bh = None
+            if base.seed_arg is not None:
+                assert base.seed_arg.value is not None
+                bh = b.add(b.mul(batch, base.hq), head)
+                self.seed_bh = b.add(base.seed_arg.value, b.mul(b.to_i64(bh), 2**32), name="seed_bh")
+            with b.for_(lo, hi, bm, inits=list(heads.carried), iv_name="start_m") as loop:
+                loop.yield_(*self._tile(loop.iv, list(loop.carried), batch, head, cols, col_ok, k_parts, v))
+            heads.yield_(*loop.results)
+        *dk_acc, dv = heads.results
+        dk = {p.role: b.mul(acc, self.scale) for p, acc in zip(self.layout, dk_acc)}
+        grad, side_grads = side_backward(base.k_side, b, dk, k_states, self.layout, cols, batch, col_ok)
+        store_parts(b, self.dk_arg, self.dk_arg.base(b, batch, kv_head), cols, col_ok, self.layout, grad)
+        d = b.arange(0, dv_pad)
+        offs = b.add(b.expand_dims(b.mul(cols, self.dv_arg.strides[2]), 1), b.expand_dims(b.mul(d, self.dv_arg.strides[3]), 0))
+        mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, base.v_dim), 0))
+        b.store(self.dv_arg.base(b, batch, kv_head), offs, b.cast(dv, base._dtype(fwd.v)), mask=mask)
+        slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_n, name="slot")
+        for (n, role), column_sums in side_grads.weights.items():
+            store_weight_partial(b, self.kw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
+        return b.finish()
+
+    def _q_range(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> tuple[Value, Value]:
+        """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""
+        b, online = self.b, self.online
+        bm, bn = self.base.block_m, self.base.block_n
+        lower, upper, prefix = online.option("band_lower"), online.option("band_upper"), online.option("prefix")
+        diag: Value = b.sub(kv_len, q_len) if online.str_option("band_align") == "bottom_right" else 0
+        lo: Value = 0
+        hi: Value = q_len
+        if upper is not None:  # kv - q - diag <= upper  =>  q >= kv - diag - upper
+            first = b.maximum(b.sub(b.sub(n_start, diag), int(upper)), 0)
+            lo = b.mul(b.div(first, bm), bm, name="q_lo")
+        if lower is not None:  # kv - q - diag >= lower  =>  q <= kv - diag - lower
+            last = b.sub(b.sub(b.add(n_start, bn - 1), diag), int(lower))
+            hi = b.minimum(q_len, b.maximum(b.add(last, 1), 0), name="q_hi")
+        if prefix is not None and upper is not None:
+            # Keys below the prefix are visible to every query.
+            prefix_v = self.base.prefix_value(self.batch) if int(prefix) < 0 else int(prefix)
+            lo = b.where(b.lt(n_start, prefix_v), 0, lo)
+        return lo, hi
+
+    def _tile(self, start_m: SSAValue, state: list[SSAValue], batch: SSAValue, head: SSAValue,
+              cols: SSAValue, col_ok: SSAValue, k_parts: dict[str, SSAValue], v: SSAValue) -> list[SSAValue]:
+        b, base, fwd = self.b, self.base, self.spec
+        q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        rows = b.add(start_m, b.arange(0, base.block_m), name="rows")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        dtype = base._dtype(fwd.q)
+        q_in = load_parts(b, base.q_arg, base.q_arg.base(b, batch, head), rows, row_ok, self.layout)
+        if fwd.q_transforms:
+            q32 = base.q_side.apply(b, {r: b.cast(t, f32) for r, t in q_in.items()}, self.layout, rows, batch, row_ok)
+            q_in = {r: b.cast(t, dtype) for r, t in q32.items()}
+        else:
+            q_in = {r: b.cast(t, dtype) for r, t in q_in.items()}
+        valid = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        lse = b.load(self.lse_in.base(b, batch, head), b.mul(rows, self.lse_in.strides[2]), mask=row_ok, other=float("-inf"))
+        delta = b.load(self.delta_arg.base(b, batch, head), b.mul(rows, self.delta_arg.strides[2]), mask=row_ok, other=0.0)
+        p, inputs = self.probabilities(q_in, k_parts, self.layout, at, lse, full_tile=False)
+        d = b.arange(0, _pow2(base.v_dim))
+        offs = b.add(b.expand_dims(b.mul(rows, self.do_arg.strides[2]), 1), b.expand_dims(b.mul(d, self.do_arg.strides[3]), 0))
+        mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, base.v_dim), 0))
+        d_out = b.load(self.do_arg.base(b, batch, head), offs, mask=mask, other=0.0, name="d_out")
+        dp = b.dot(d_out, b.trans(v), name="dp")
+        p_used = p
+        if self.seed_bh is not None:
+            keep = self.keep(at)
+            rescale = 1.0 / (1.0 - self.dropout_p)
+            p_used = b.where(keep, b.mul(p, rescale), 0.0)
+            dp = b.where(keep, b.mul(dp, rescale), 0.0)
+        ds = b.mul(p, b.sub(dp, b.expand_dims(delta, 1)), name="ds")
+        ds, _ = self.chain.backward(b, ds, inputs, at, full_tile=False, on_bias=lambda n, g: None)
+        ds_t = b.trans(b.cast(ds, dtype))
+        n_parts = len(self.layout)
+        out = [b.dot(ds_t, q_in[part.role], acc) for part, acc in zip(self.layout, state[:n_parts])]
+        out.append(b.dot(b.trans(b.cast(p_used, base._dtype(fwd.v))), d_out, state[n_parts]))
+        return out
+
+
+def _load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,
+               width: int, full_tile: bool) -> SSAValue:
+    d = b.arange(0, _pow2(width))
+    offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
+    if full_tile and width == _pow2(width):
+        return b.load(base, offs, name="v")
+    mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, width), 0))
+    return b.load(base, offs, mask=mask, other=0.0, name="v")
+
+
+def store_weight_partial(b: TileBuilder, arg: TensorArg, slot: SSAValue, part: Part, column_sums: SSAValue) -> None:
+    """Row `slot` of a [programs, D] partial-sum buffer, at the part's columns."""
+    assert arg.ptr is not None
+    cols, in_range = part.columns(b)
+    row = b.ptr_add(arg.ptr, b.mul(b.to_i64(slot), b.to_i64(arg.strides[0])))
+    b.store(row, b.mul(cols, arg.strides[1]), column_sums, mask=in_range)
+
+
+__all__ = ["BackwardSpec", "DkvKernel", "DqKernel", "GradBuffers", "build_preprocess",
+           "BiasOp", "QKNormOp", "RopeOp", "SideContext", "SideTransforms"]

@@ -1,0 +1,275 @@
+"""`lower-backward`: derive the backward of every attention program.
+
+Runs after `mask-tiling` and before `lower-to-tile` (which consumes the attn ops). For a
+function `@f` it adds a host function
+
+```mlir
+func.func @f_backward(<f's arguments>, %out, %lse, %d_out, %d_lse) -> (dq, dk, dv, <d learnable operands>)
+```
+
+with the kernels of `attnfuse.lowering.backward`: the preprocess (`delta`), the dQ
+kernel, the dK/dV kernel, and — for transforms placed in pre-kernels — the pre-kernel
+recomputed and its transpose. The function's `attnfuse.grad_of` attribute lists, for each
+result, the index of the argument it is the gradient of. Learnable operands: QK-norm
+weights, bias tensors, ALiBi slopes given as an operand, sink logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, TensorType, f32, i64
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint
+
+from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp
+from attnfuse.dialects.host import DimOp
+from attnfuse.lowering.backward import BackwardSpec, DkvKernel, DqKernel, GradBuffers, build_preprocess
+from attnfuse.lowering.block_map import build_block_map
+from attnfuse.lowering.forward import ForwardSpec
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
+from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, pipeline_stages, rope_inverse_frequencies
+from attnfuse.passes.mask_tiling import effective_masks
+from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
+
+
+def _lse_type(out_type: Attribute) -> TensorType:
+    assert isinstance(out_type, TensorType)
+    return TensorType(f32, list(out_type.get_shape())[:3])
+
+
+def _f32_like(ty: Attribute) -> TensorType:
+    assert isinstance(ty, TensorType)
+    return TensorType(f32, ty.get_shape())
+
+
+class _Builder:
+    """Builds one backward host function and its kernels."""
+
+    def __init__(self, program: AttentionProgram, warps: int, stages: int) -> None:
+        self.program = program
+        self.kernels: list[Operation] = []
+        online = program.online
+        assert isinstance(online, OnlineSoftmaxOp)
+        self.online = online
+        fwd = program.func
+        self.name = fwd.sym_name.data
+        out_type = online.output.type
+        lse_type = _lse_type(out_type)
+        inputs = [a.type for a in fwd.args] + [out_type, lse_type, out_type, lse_type]
+        self.block = Block(arg_types=inputs)
+        names = [a.name_hint for a in fwd.args] + ["out", "lse", "d_out", "d_lse"]
+        for arg, hint in zip(self.block.args, names):
+            arg.name_hint = hint
+        self.remap: dict[SSAValue, SSAValue] = dict(zip(fwd.args, self.block.args))
+        self.host = HostCode(InsertPoint.at_end(self.block))
+        self.block_m, self.block_n = online.int_option("block_m"), online.int_option("block_n")
+        self.warps = warps or (8 if self.block_m >= 128 else 4)
+        self.stages = stages or pipeline_stages(program, online)
+        self.results: list[SSAValue] = []
+        self.grad_of: list[int] = []
+
+    def arg(self, value: SSAValue) -> SSAValue:
+        return self.remap[value]
+
+    def inv_freq(self, rope: object) -> SSAValue:
+        return self.host.table(rope_inverse_frequencies(rope))  # type: ignore[arg-type]
+
+    def build(self) -> func.FuncOp:
+        p, host = self.program, self.host
+        args = self.block.args
+        n = len(p.func.args)
+        out, lse, d_out, d_lse = args[n : n + 4]
+        q, k, v = args[p.q.arg_index], args[p.k.arg_index], args[p.v_arg]
+        batch = host.emit(DimOp(q, 0), "batch")
+        q_len, kv_len = host.emit(DimOp(q, 2), "q_len"), host.emit(DimOp(k, 2), "kv_len")
+        one = host.const(1, "one")
+        hq, hk, hv = p.heads
+        if hk != hv:
+            raise ProgramError("the backward needs K and V with the same number of heads", p.scores)
+        sides = {"q": (p.q, q, q_len), "k": (p.k, k, kv_len)}
+        inputs: dict[str, SSAValue] = {}
+        for tag, (side, source, seq) in sides.items():
+            pre = _pre_kernel(side.transforms)
+            inputs[tag] = source
+            if pre:
+                assert isinstance(source.type, TensorType)
+                target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+                name = f"{self.name}_bwd_{tag}_prologue"
+                kernel, operands = build_prekernel(name, source, target, pre, batch, seq, self.inv_freq, {}, self.remap)
+                self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
+                inputs[tag] = target
+
+        delta = host.alloc(_lse_type(out.type), [batch, q_len], "delta")
+        kernel, operands = build_preprocess(f"{self.name}_bwd_preprocess", out, d_out, d_lse, delta,
+                                            batch, q_len, hq, self.block_m)
+        self._launch(kernel.sym_name.data, kernel, operands, q_len, self.block_m, q, batch)
+
+        n_q = host.cdiv(q_len, self.block_m, "n_q_blocks")
+        n_kv = host.cdiv(kv_len, self.block_n, "n_kv_blocks")
+        grads = GradBuffers()
+        for index, op in enumerate(p.score_ops):
+            if isinstance(op, BiasOp) and op.kind_name == "tensor":
+                full = TensorType(f32, [-1 if d < 0 else d for d in (-1, hq, -1, -1)])
+                grads.bias[index] = host.alloc(_dyn(full), [batch, q_len, kv_len], f"d_bias{index}", zero=True)
+            elif isinstance(op, BiasOp) and op.slopes is not None:
+                grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], f"d_slopes{index}")
+        if self.online.sinks is not None:
+            grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], "d_sinks")
+        q_kernel_tf, k_kernel_tf = _in_kernel(p.q.transforms), _in_kernel(p.k.transforms)
+        q_slots = host.emit(arith.MuliOp(host.mul(batch, hq, "q_bh"), n_q), "q_slots")
+        k_slots = host.emit(arith.MuliOp(host.mul(batch, hk, "k_bh"), n_kv), "k_slots")
+        head_dim = _dim(q.type, 3)
+        for tf, store, slots in ((q_kernel_tf, grads.q_weights, q_slots), (k_kernel_tf, grads.k_weights, k_slots)):
+            for i, op in enumerate(tf):
+                if isinstance(op, QKNormOp) and op.weight is not None:
+                    store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_norm_w_partial{i}")
+
+        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len)
+        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len)
+        d_v = host.alloc(v.type, [batch, kv_len], "d_v")
+        block_map = None
+        if self.online.str_option("block_map") == "runtime":
+            block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
+                                                    one, f"{self.name}_bwd", remap=self.remap)
+            self.kernels.append(map_kernel)
+        planned = set(effective_masks(p.score_ops)) if (
+            self.online.int_option("band_exact") or block_map is not None) else set()
+        fwd_spec = ForwardSpec(
+            program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
+            kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
+            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map,
+            num_warps=self.warps, num_stages=self.stages, remap=self.remap,
+        )
+        spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads)
+        dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
+        self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch)
+        dkv_kernel = DkvKernel(spec, f"{self.name}_bwd_dkdv")
+        self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
+                     self.block_n, k, batch)
+
+        side_weight_grads: dict[int, SSAValue] = {}
+        d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, side_weight_grads)
+        d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, side_weight_grads)
+        self._result(d_q, p.q.arg_index)
+        self._result(d_k, p.k.arg_index)
+        self._result(d_v, p.v_arg)
+        self._learnable(grads, q_kernel_tf, k_kernel_tf, side_weight_grads)
+        self.host.builder.insert(func.ReturnOp(*self.results))
+        bwd = func.FuncOp(
+            f"{self.name}_backward",
+            func.FunctionType.from_lists(list(self.block.arg_types), [r.type for r in self.results]),
+            Region(self.block),
+        )
+        bwd.attributes["attnfuse.grad_of"] = ArrayAttr([IntegerAttr(i, i64) for i in self.grad_of])
+        return bwd
+
+    # ------------------------------------------------------------------ helpers
+
+    def _launch(self, name: str, kernel: Operation, operands: list[SSAValue], length: SSAValue,
+                block: int, heads_of: SSAValue, batch: SSAValue) -> None:
+        if kernel not in self.kernels:
+            self.kernels.append(kernel)
+        heads = _dim(heads_of.type, 1)
+        grid = [self.host.cdiv(length, block, "grid_0"), self.host.mul(batch, heads, "grid_1"),
+                self.host.const(1, "one")]
+        self.host.launch(name, grid, operands)
+
+    def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue) -> SSAValue:
+        ty = _f32_like(source.type) if _pre_kernel(transforms) else source.type
+        return self.host.alloc(_dyn(ty), [batch, seq], f"d_{tag}_rotated" if _pre_kernel(transforms) else f"d_{tag}")
+
+    def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
+                           seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
+        pre = _pre_kernel(transforms)
+        if not pre:
+            return grad
+        host = self.host
+        heads, head_dim = _dim(source.type, 1), _dim(source.type, 3)
+        n_blocks = host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_row_blocks")
+        slots = host.emit(arith.MuliOp(host.mul(batch, heads, f"{tag}_pre_bh"), n_blocks), f"{tag}_pre_slots")
+        partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_{tag}_norm_w{i}")
+                    for i, op in enumerate(pre) if isinstance(op, QKNormOp) and op.weight is not None}
+        target = host.alloc(source.type, [batch, seq], f"d_{tag}")
+        name = f"{self.name}_bwd_{tag}_prologue_transpose"
+        kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,
+                                                    partials, self.remap)
+        self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
+        for i, buffer in partials.items():
+            weight = pre[i].weight
+            assert isinstance(pre[i], QKNormOp) and weight is not None
+            weight_grads[self.program.arg(weight)] = self._reduce(buffer, [0], self.arg(weight).type, "d_norm_w")
+        return target
+
+    def _reduce(self, buffer: SSAValue, dims: list[int], result: Attribute, name: str, *, keepdim: bool = False) -> SSAValue:
+        summed = self.host.reduce_sum(buffer, dims, _f32_like(result), f"{name}_f32", keepdim=keepdim)
+        return self.host.convert(summed, result, name)
+
+    def _result(self, value: SSAValue, arg_index: int) -> None:
+        if arg_index in self.grad_of:
+            raise ProgramError("an operand used in two learnable places is not supported by the backward")
+        self.results.append(value)
+        self.grad_of.append(arg_index)
+
+    def _learnable(self, grads: GradBuffers, q_tf: list, k_tf: list, side_weight_grads: dict[int, SSAValue]) -> None:
+        p = self.program
+        for tf, partials in ((q_tf, grads.q_weights), (k_tf, grads.k_weights)):
+            for i, buffer in partials.items():
+                weight = tf[i].weight
+                self._result(self._reduce(buffer, [0], self.arg(weight).type, "d_norm_w"), p.arg(weight))
+        for index, value in side_weight_grads.items():
+            self._result(value, index)
+        for index, buffer in grads.bias.items():
+            op = p.score_ops[index]
+            assert isinstance(op, BiasOp)
+            bias = self.arg(op.bias[0])
+            assert isinstance(bias.type, TensorType)
+            dims = [i for i, d in enumerate(bias.type.get_shape()) if d == 1]
+            summed = self.host.reduce_sum(buffer, dims, _f32_like(bias.type), "d_bias_f32", keepdim=True) if dims else buffer
+            self._result(self.host.convert(summed, bias.type, "d_bias"), p.arg(op.bias[0]))
+        for index, buffer in grads.slopes.items():
+            op = p.score_ops[index]
+            assert isinstance(op, BiasOp) and op.slopes is not None
+            self._result(self._reduce(buffer, [0, 2], self.arg(op.slopes).type, "d_slopes"), p.arg(op.slopes))
+        if grads.sinks is not None and self.online.sinks is not None:
+            self._result(self._reduce(grads.sinks, [0, 2], self.arg(self.online.sinks).type, "d_sinks"),
+                         p.arg(self.online.sinks))
+
+
+def _dim(ty: Attribute, i: int) -> int:
+    assert isinstance(ty, TensorType)
+    return int(ty.get_shape()[i])
+
+
+def _dyn(ty: TensorType) -> TensorType:
+    """`ty` with -1 dims spelled as xDSL's dynamic marker."""
+    from xdsl.dialects.builtin import DYNAMIC_INDEX
+
+    return TensorType(ty.element_type, [DYNAMIC_INDEX if d < 0 else d for d in ty.get_shape()])
+
+
+@dataclass(frozen=True)
+class LowerBackwardPass(ModulePass):
+    """Derive `@f_backward` host code and kernels from each attention program."""
+
+    name = "lower-backward"
+    requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
+
+    num_warps: int = 0
+    num_stages: int = 0
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for function in find_functions(op):
+            program = analyze(function)
+            if program.online is None or program.online.option("block_m") is None:
+                raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
+            builder = _Builder(program, self.num_warps, self.num_stages)
+            backward = builder.build()
+            op.body.block.add_op(backward)
+            for kernel in builder.kernels:
+                op.body.block.add_op(kernel)
