@@ -183,10 +183,14 @@ class AttnfuseOptMain(xDSLOptMain):
     def _passes_epilog(self) -> str:
         ours = [n for n in PASSES if n in self.available_passes]
         xdsl = _xdsl_pass_names()
-        extra = sorted(n for n in self.available_passes if n not in PASSES and n not in xdsl)
+        extra = sorted(
+            n for n in self.available_passes if n not in PASSES and n not in xdsl
+        )
         width = max((len(n) for n in [*ours, *extra]), default=10) + 2
         lines = ["AttnFuse passes:"]
-        lines += [f"  {n:<{width}}{pass_summary(self.available_passes[n])}" for n in ours]
+        lines += [
+            f"  {n:<{width}}{pass_summary(self.available_passes[n])}" for n in ours
+        ]
         if extra:
             lines += ["", "Plugin and user passes:"]
             for n in extra:
@@ -226,9 +230,9 @@ class AttnfuseOptMain(xDSLOptMain):
     def _dump_ir(self, pass_: ModulePass, module: ModuleOp) -> None:
         sys.stdout.flush()
         sys.stderr.write(f"// -----// IR Dump After {pass_.name} //----- //\n")
-        Printer(stream=sys.stderr, print_generic_format=self.args.print_op_generic).print_op(
-            module
-        )
+        Printer(
+            stream=sys.stderr, print_generic_format=self.args.print_op_generic
+        ).print_op(module)
         sys.stderr.write("\n\n")
         sys.stderr.flush()
 
@@ -360,9 +364,14 @@ class AttnfuseOptMain(xDSLOptMain):
             return True
         except ParseError as e:
             quiet = self.args.parsing_diagnostics or self.args.verify_diagnostics
-            return self._report(format_exception(e), expected=quiet)
+            return self._report(
+                format_exception(e, self.get_input_name()), expected=quiet
+            )
         except DiagnosticException as e:
-            return self._report(format_exception(e), expected=self.args.verify_diagnostics)
+            return self._report(
+                format_exception(e, self.get_input_name()),
+                expected=self.args.verify_diagnostics,
+            )
         except PassCrashError as e:
             self._internal_error(e.cause, f"pass '{e.pass_name}' crashed")
         finally:
@@ -379,7 +388,9 @@ class AttnfuseOptMain(xDSLOptMain):
         except DiagnosticException:
             raise
         except Exception as e:
-            self._internal_error(e, f"target '{parse_spec(self.args.target).name}' crashed")
+            self._internal_error(
+                e, f"target '{parse_spec(self.args.target).name}' crashed"
+            )
 
     def _report(self, text: str, *, expected: bool) -> bool:
         """Print a diagnostic: to stdout if expected (--verify-diagnostics)."""
@@ -390,7 +401,9 @@ class AttnfuseOptMain(xDSLOptMain):
         sys.stderr.write(text)
         return False
 
-    def _internal_error(self, exc: BaseException, what: str = "internal error") -> NoReturn:
+    def _internal_error(
+        self, exc: BaseException, what: str = "internal error"
+    ) -> NoReturn:
         sys.stdout.flush()
         msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
         sys.stderr.write(format_diagnostic(msg, filename=self.get_input_name()))
@@ -417,12 +430,16 @@ class _ListPassesAction(argparse.Action):
         super().__init__(*args, nargs=0, **kwargs)
         self.driver = driver
 
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any
+    ) -> None:
         passes = self.driver.available_passes
         xdsl = _xdsl_pass_names()
         groups = {
             "AttnFuse": [n for n in PASSES if n in passes],
-            "Plugin and user": sorted(n for n in passes if n not in PASSES and n not in xdsl),
+            "Plugin and user": sorted(
+                n for n in passes if n not in PASSES and n not in xdsl
+            ),
             "xDSL": sorted(n for n in passes if n in xdsl and n not in PASSES),
         }
         width = max(len(n) for n in passes) + 2

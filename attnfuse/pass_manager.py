@@ -97,10 +97,16 @@ class PassDependencyCycleError(PipelineError):
 
 
 class PassFailedError(DiagnosticException):
-    """A pass reported a diagnostic (e.g. raised ``PassFailedException``)."""
+    """A pass rejected its input or options.
 
-    def __init__(self, pass_name: str, cause: DiagnosticException) -> None:
-        super().__init__(f"pass '{pass_name}' failed: {cause}")
+    Raised for a ``DiagnosticException`` (e.g. ``PassFailedException``) or a
+    ``ValueError`` (an inappropriate value: options, input shapes) from a pass.
+    """
+
+    def __init__(self, pass_name: str, cause: Exception) -> None:
+        reason = str(cause).strip() or type(cause).__name__
+        reason = reason.removeprefix(f"{pass_name}: ")
+        super().__init__(f"pass '{pass_name}' failed: {reason}")
         self.pass_name = pass_name
         self.cause = cause
 
@@ -352,8 +358,10 @@ PrintIRCallback = Callable[[ModulePass, ModuleOp], None]
 
 def _with_device(p: ModulePass, device: str) -> ModulePass:
     """Fill a pass's ``device: str | None`` option from ``--device`` if left unset."""
-    names = {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else ()
-    if "device" in names and getattr(p, "device") is None:
+    names = (
+        {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else ()
+    )
+    if "device" in names and getattr(p, "device", None) is None:
         return dataclasses.replace(p, device=device.strip().lower())  # type: ignore[call-arg]
     return p
 
@@ -435,9 +443,9 @@ class PassManager:
         except LocatedError as e:
             e.diagnostic.notes.append(f"in pass '{p.name}'")
             raise
-        except DiagnosticException as e:
+        except (DiagnosticException, ValueError) as e:
             raise PassFailedError(p.name, e) from e
-        except Exception as e:
+        except Exception as e:  # anything else is a bug in the pass
             raise PassCrashError(p.name, e) from e
         if self.timing is not None:
             self.timing.add(p.name, time.perf_counter() - start)

@@ -47,12 +47,16 @@ def test_every_op_gets_its_name_token_location() -> None:
 
 def test_line_offset_for_chunks() -> None:
     text = "func.func @f() {\n  func.return\n}\n"
-    module, locs = parse_module_with_locations(make_context(), text, "x.mlir", line_offset=10)
+    module, locs = parse_module_with_locations(
+        make_context(), text, "x.mlir", line_offset=10
+    )
     ret = next(op for op in module.walk() if op.name == "func.return")
     span = locs.get(ret)
     assert span is not None and str(span.get_location()) == "x.mlir:12:3"
     with pytest.raises(ParseError) as info:
-        parse_module_with_locations(make_context(), "\n\n%x = ", "x.mlir", line_offset=5)
+        parse_module_with_locations(
+            make_context(), "\n\n%x = ", "x.mlir", line_offset=5
+        )
     assert info.value.span.get_location().line > 5
 
 
@@ -125,7 +129,9 @@ def test_format_diagnostic_keeps_tabs_and_clips_multiline_spans() -> None:
 
 def test_parse_errors_are_formatted_like_mlir() -> None:
     with pytest.raises(ParseError) as info:
-        parse_module_with_locations(make_context(), "func.func @f() {\n  foo.bar\n}\n", "p.mlir")
+        parse_module_with_locations(
+            make_context(), "func.func @f() {\n  foo.bar\n}\n", "p.mlir"
+        )
     assert format_exception(info.value).splitlines() == [
         "p.mlir:2:3: error: Operation foo.bar is not registered "
         "(use --allow-unregistered-dialect to accept it)",
@@ -149,7 +155,9 @@ def test_parse_errors_are_formatted_like_mlir() -> None:
         ),
     ],
 )
-def test_errors_raised_while_parsing_are_located(text: str, where: str, message: str) -> None:
+def test_errors_raised_while_parsing_are_located(
+    text: str, where: str, message: str
+) -> None:
     with pytest.raises(ParseError) as info:
         parse_module_with_locations(make_context(), text, "p.mlir")
     first = format_exception(info.value).splitlines()[0]

@@ -65,13 +65,17 @@ def write(tmp_path: Path, text: str, name: str = "x.mlir") -> str:
     return str(path)
 
 
-def test_plain_run_prints_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plain_run_prints_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run([write(tmp_path, GOOD), "-p", "cse"], capsys)
     assert code == 0 and err == ""
     assert "%b" not in out and "func.return %c : i32" in out
 
 
-def test_parse_error_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_parse_error_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, BAD_SYNTAX)
     code, out, err = run([path], capsys)
     assert code == EXIT_ERROR and out == ""
@@ -82,12 +86,16 @@ def test_parse_error_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ]
 
 
-def test_verify_error_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_error_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, BAD_TYPES)
     code, _, err = run([path], capsys)
     assert code == EXIT_ERROR
     first = err.splitlines()[0]
-    assert re.fullmatch(re.escape(path) + r":2:8: error: 'arith\.addi' op .* but got i64", first)
+    assert re.fullmatch(
+        re.escape(path) + r":2:8: error: 'arith\.addi' op .* but got i64", first
+    )
 
 
 def test_verify_diagnostics_and_split_offsets(
@@ -116,7 +124,10 @@ def test_stdin_input(
 
 
 def test_print_ir_after_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run([write(tmp_path, GOOD), "-p", "cse,canonicalize", "--print-ir-after-all"], capsys)
+    code, out, err = run(
+        [write(tmp_path, GOOD), "-p", "cse,canonicalize", "--print-ir-after-all"],
+        capsys,
+    )
     assert code == 0
     headers = [ln for ln in err.splitlines() if ln.startswith("// -----//")]
     assert headers == [
@@ -137,8 +148,12 @@ def test_pipeline_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     path = write(tmp_path, GOOD)
     code, _, err = run([path, "-p", "canonicalise"], capsys)
     assert code == EXIT_ERROR
-    assert err.startswith("attnfuse-opt: error: unknown pass 'canonicalise'; did you mean")
-    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-requires-tag"], capsys)
+    assert err.startswith(
+        "attnfuse-opt: error: unknown pass 'canonicalise'; did you mean"
+    )
+    code, _, err = run(
+        [path, "--pass-plugin", str(PLUGIN), "-p", "test-requires-tag"], capsys
+    )
     assert code == EXIT_ERROR
     assert "pass 'test-requires-tag' requires 'test-tag-funcs'" in err
 
@@ -147,7 +162,9 @@ def test_pass_failures_and_crashes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path, GOOD)
-    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-reject"], capsys)
+    code, _, err = run(
+        [path, "--pass-plugin", str(PLUGIN), "-p", "test-reject"], capsys
+    )
     assert code == EXIT_ERROR
     assert err.startswith(f"{path}:2:8: error: 'arith.addi' op rejected by test-reject")
     code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"], capsys)
@@ -156,8 +173,21 @@ def test_pass_failures_and_crashes(
     assert "ATTNFUSE_TRACEBACK=1" in err
     monkeypatch.setenv("ATTNFUSE_TRACEBACK", "1")
     with pytest.raises(SystemExit):
-        AttnfuseOptMain(args=[path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"]).run()
+        AttnfuseOptMain(
+            args=[path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"]
+        ).run()
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_bad_pass_option_value_is_an_error_not_a_crash(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    llama = ROOT / "examples" / "llama3.attn"
+    code, _, err = run(
+        [str(llama), "-p", "online-softmax,mask-tiling{block-m=100}"], capsys
+    )
+    assert code == EXIT_ERROR
+    assert err.startswith(f"{llama}: error: pass 'mask-tiling' failed: block-m must be")
 
 
 def test_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,7 +210,15 @@ def test_attn_file_and_device(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run([str(DROPOUT)], capsys)
     assert code == 0 and "attn.dropout" in out
     code, out, _ = run(
-        [str(DROPOUT), "--pass-plugin", str(PLUGIN), "-p", "test-device", "--device", "H200"],
+        [
+            str(DROPOUT),
+            "--pass-plugin",
+            str(PLUGIN),
+            "-p",
+            "test-device",
+            "--device",
+            "H200",
+        ],
         capsys,
     )
     assert code == 0 and 'test.current_device = "h200"' in out
@@ -193,7 +231,9 @@ def test_triton_target_defaults_to_the_default_pipeline(
     monkeypatch.setattr(driver, "DEFAULT_PIPELINE", "cse,canonicalize")
     opt = AttnfuseOptMain(args=[path, "-t", "triton"])
     assert opt.pass_manager.pipeline == "cse,canonicalize"
-    assert AttnfuseOptMain(args=[path, "-t", "triton", "-p", ""]).pass_manager.passes == ()
+    assert (
+        AttnfuseOptMain(args=[path, "-t", "triton", "-p", ""]).pass_manager.passes == ()
+    )
     assert AttnfuseOptMain(args=[path]).pass_manager.passes == ()
 
 

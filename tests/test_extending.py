@@ -39,7 +39,9 @@ def drop_dropout() -> Iterator[type[ModulePass]]:
 
 
 def parse_program() -> ModuleOp:
-    module, _ = parse_module_with_locations(make_context(), PROGRAM.read_text(), str(PROGRAM))
+    module, _ = parse_module_with_locations(
+        make_context(), PROGRAM.read_text(), str(PROGRAM)
+    )
     return module
 
 

@@ -29,7 +29,9 @@ def test_lit_suite() -> None:
         timeout=900,
     )
     failures = [
-        line for line in proc.stdout.splitlines() if line.startswith(("FAIL:", "UNRESOLVED:"))
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(("FAIL:", "UNRESOLVED:"))
     ]
     assert proc.returncode == 0, (
         f"lit failed ({len(failures)} failing):\n"

@@ -65,7 +65,9 @@ def parse(text: str = PROGRAM) -> tuple[Context, ModuleOp]:
 
 
 def funcs_attrs(module: ModuleOp) -> set[str]:
-    return {name for op in module.walk() if op.name == "func.func" for name in op.attributes}
+    return {
+        name for op in module.walk() if op.name == "func.func" for name in op.attributes
+    }
 
 
 # ----------------------------------------------------------------------- registry
@@ -82,12 +84,18 @@ def test_resolve_pass_forms() -> None:
     cls = resolve_pass("online-softmax", "attnfuse.passes.online_softmax")
     assert cls.name == "online-softmax"
     assert (
-        resolve_pass("online-softmax", "attnfuse.passes.online_softmax:OnlineSoftmaxPass")
+        resolve_pass(
+            "online-softmax", "attnfuse.passes.online_softmax:OnlineSoftmaxPass"
+        )
         is cls
     )
-    with pytest.raises(PassUnavailableError, match="module 'attnfuse.passes.nope' does not exist"):
+    with pytest.raises(
+        PassUnavailableError, match="module 'attnfuse.passes.nope' does not exist"
+    ):
         resolve_pass("nope", "attnfuse.passes.nope")
-    with pytest.raises(PassUnavailableError, match="defines no ModulePass named 'other'"):
+    with pytest.raises(
+        PassUnavailableError, match="defines no ModulePass named 'other'"
+    ):
         resolve_pass("other", "attnfuse.passes.online_softmax")
     with pytest.raises(PassUnavailableError, match="not a ModulePass subclass"):
         resolve_pass("x", "attnfuse.passes:PASSES")
@@ -194,7 +202,9 @@ def test_pipeline_text_and_options(plugin: list[str]) -> None:
 def test_pipeline_errors() -> None:
     with pytest.raises(UnknownPassError, match="did you mean 'canonicalize'"):
         PassManager("canonicalise")
-    with pytest.raises(PipelineError, match="invalid pass pipeline: Expected argument name"):
+    with pytest.raises(
+        PipelineError, match="invalid pass pipeline: Expected argument name"
+    ):
         PassManager("cse{")
     with pytest.raises(PipelineError, match="invalid options for pass 'cse'"):
         PassManager("cse{frob=1}")
@@ -205,8 +215,9 @@ def test_missing_prerequisite(plugin: list[str]) -> None:
         PassManager("test-requires-tag")
     assert info.value.pass_name == "test-requires-tag"
     assert info.value.prerequisite == "test-tag-funcs"
-    assert "it is not in the pipeline; try -p 'test-tag-funcs,test-requires-tag'" in str(
-        info.value
+    assert (
+        "it is not in the pipeline; try -p 'test-tag-funcs,test-requires-tag'"
+        in str(info.value)
     )
     with pytest.raises(MissingPrerequisiteError, match="it is scheduled after it"):
         PassManager("cse,test-requires-tag,test-tag-funcs")
@@ -217,7 +228,7 @@ def test_missing_prerequisite(plugin: list[str]) -> None:
 
 def test_suggestion_keeps_options(plugin: list[str]) -> None:
     with pytest.raises(MissingPrerequisiteError) as info:
-        PassManager("cse,test-requires-tag,test-tag-funcs{tag=\"t\"}")
+        PassManager('cse,test-requires-tag,test-tag-funcs{tag="t"}')
     assert "try -p 'cse,test-tag-funcs{tag=\"t\"},test-requires-tag'" in str(info.value)
 
 
@@ -255,9 +266,13 @@ def test_verify_after_each_pass_names_the_pass(plugin: list[str]) -> None:
 
 def test_pass_failures(plugin: list[str]) -> None:
     ctx, module = parse()
-    with pytest.raises(PassFailedError, match="pass 'test-requires-tag' failed: @f is not tagged"):
+    with pytest.raises(
+        PassFailedError, match="pass 'test-requires-tag' failed: @f is not tagged"
+    ):
         PassManager('test-tag-funcs{tag="other"},test-requires-tag').run(module, ctx)
-    with pytest.raises(PassCrashError, match="pass 'test-crash' crashed: RuntimeError: boom"):
+    with pytest.raises(
+        PassCrashError, match="pass 'test-crash' crashed: RuntimeError: boom"
+    ):
         PassManager("test-crash").run(module, ctx)
 
 
@@ -284,7 +299,9 @@ def test_timing_and_print_ir_callback(plugin: list[str]) -> None:
     assert "Execution time report" in report and "(100.0%)  Total" in report
 
 
-def test_device_reaches_passes(plugin: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_reaches_passes(
+    plugin: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("ATTNFUSE_DEVICE", raising=False)
     ctx, module = parse()
     PassManager("test-device", device="H100").run(module, ctx)

@@ -53,4 +53,5 @@ class DropDropoutPass(ModulePass):
     name = "drop-dropout"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(RemoveDropout(), apply_recursively=False).rewrite_module(op)
+        walker = PatternRewriteWalker(RemoveDropout(), apply_recursively=False)
+        walker.rewrite_module(op)
