@@ -7,22 +7,25 @@ out = attention(q, k, v)
 ```
 
 On a machine without CUDA, kernels run through the Triton interpreter, which Triton
-selects when it is imported: importing attnfuse before triton sets `TRITON_INTERPRET=1`
-in that case (set it yourself to `0` to opt out).
+selects when it is imported: using the Python API before importing triton sets
+`TRITON_INTERPRET=1` in that case (set it yourself to `0` to opt out). The package
+imports torch and triton lazily, so the `attnfuse-opt` driver starts fast.
 """
 
 from __future__ import annotations
 
-import os as _os
-import sys as _sys
+from typing import TYPE_CHECKING, Any
 
-if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules:
-    import torch as _torch
-
-    if not _torch.cuda.is_available():
-        _os.environ["TRITON_INTERPRET"] = "1"
-
-from attnfuse.api import AttentionFunction, AttnfuseArgumentError, compile  # noqa: E402
+if TYPE_CHECKING:
+    from attnfuse.api import AttentionFunction, AttnfuseArgumentError, compile
 
 __all__ = ["AttentionFunction", "AttnfuseArgumentError", "compile"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from attnfuse import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'attnfuse' has no attribute {name!r}")

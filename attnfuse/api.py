@@ -15,10 +15,18 @@ pipeline and the versions of AttnFuse, xDSL and Triton.
 
 from __future__ import annotations
 
-import functools
+import os
+import sys
+
+if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+    import torch as _torch
+
+    if not _torch.cuda.is_available():  # CPU only: kernels run through Triton's interpreter
+        os.environ["TRITON_INTERPRET"] = "1"
+
+import functools  # noqa: E402
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
