@@ -119,3 +119,23 @@ def with_dtype(text: str, dtype: str) -> str:
 
 
 __all__ = ["TOLERANCE", "assert_close", "make_inputs", "max_error", "with_dtype"]
+
+
+GRAD_TOLERANCE: dict[torch.dtype, float] = {
+    # max |grad - ref| / max |ref|: gradients sum over a whole sequence of rounded
+    # products (dS in the input dtype before the dK/dQ dots), so they are checked
+    # relative to their largest entry.
+    torch.float32: 1e-4,
+    torch.float16: 5e-3,
+    torch.bfloat16: 3e-2,
+}
+
+
+def assert_grad_close(got: torch.Tensor | None, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """A gradient against the float64 reference's, relative to the reference's max."""
+    assert got is not None, f"{what}: no gradient"
+    got64, want64 = got.double().cpu(), want.double().cpu()
+    assert torch.isfinite(got64).all(), f"{what}: non-finite gradient"
+    scale = float(want64.abs().max()) or 1.0
+    err = float((got64 - want64).abs().max()) / scale
+    assert err <= GRAD_TOLERANCE[dtype], f"{what}: relative error {err:.2e} > {GRAD_TOLERANCE[dtype]}"
