@@ -1,0 +1,241 @@
+// mask-tiling: the tile plan recorded on attn.online_softmax (block sizes, band, prefix,
+// band_exact, runtime block map).
+// RUN: attnfuse-opt %s -p 'online-softmax,mask-tiling{block-m=64 block-n=32}' --split-input-file | filecheck %s
+// RUN: attnfuse-opt %s -p 'online-softmax,mask-tiling' --split-input-file | filecheck %s --check-prefix=DEFAULT
+// RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling{block-m=48}' 2>&1 | filecheck %s --check-prefix=BAD
+// BAD: block-m must be a power of two >= 16, got 48
+
+// No mask: every tile, no plan beyond the block sizes (by default chosen by the pass).
+// CHECK-LABEL: func.func @no_mask(
+// CHECK:         attn.online_softmax %s, %v {block_m = 64, block_n = 32}
+// DEFAULT-LABEL: func.func @no_mask(
+// DEFAULT:         attn.online_softmax {{.*}} {block_m = {{(16|32|64|128|256)}}, block_n = {{(16|32|64|128|256)}}}
+func.func @no_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// Head dim 256: the default KV block is at most 64 (shared memory).
+// CHECK-LABEL: func.func @no_mask_d256(
+// CHECK:         attn.online_softmax %s, %v {block_m = 64, block_n = 32}
+// DEFAULT-LABEL: func.func @no_mask_d256(
+// DEFAULT:         attn.online_softmax {{.*}} {block_m = {{(16|32|64|128|256)}}, block_n = {{(16|32|64)}}}
+func.func @no_mask_d256(%q: tensor<?x4x?x256xf16>, %k: tensor<?x2x?x256xf16>, %v: tensor<?x2x?x256xf16>) -> tensor<?x4x?x256xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x256xf16>, tensor<?x2x?x256xf16> -> !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x256xf16> -> tensor<?x4x?x256xf16>
+  func.return %o : tensor<?x4x?x256xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @causal(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1}
+func.func @causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @causal_br(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_align = "bottom_right", band_exact = 1}
+func.func @causal_br(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @window(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -127, band_upper = 3, band_exact = 1}
+func.func @window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask sliding_window %s {left = 127, right = 3} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// Two bands of one alignment intersect (without attn-canonicalize).
+// CHECK-LABEL: func.func @causal_window(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -4095, band_upper = 0, band_exact = 1}
+func.func @causal_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %c = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
+  %m = attn.mask sliding_window %c {left = 4095} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// Bands of different alignments: the first plans the walk, masks stay elementwise (no band_exact).
+// CHECK-LABEL: func.func @mixed_alignment(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_align = "bottom_right"}
+func.func @mixed_alignment(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %c = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
+  %m = attn.mask sliding_window %c {left = 8} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @prefix_static(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1, prefix = 100}
+func.func @prefix_static(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask prefix_lm %s {prefix = 100} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @prefix_operand(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1, prefix = -1}
+func.func @prefix_operand(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %plen: tensor<?xi32>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask prefix_lm %s, %plen : !attn.scores<?x4x?x?xf32>, tensor<?xi32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// prefix-lm with another band: walk by the band, mask elementwise.
+// CHECK-LABEL: func.func @prefix_and_window(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -64}
+func.func @prefix_and_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %c = attn.mask prefix_lm %s {prefix = 10} : !attn.scores<?x4x?x?xf32>
+  %m = attn.mask sliding_window %c {left = 64} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @document(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, block_map = "runtime"}
+func.func @document(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %ids: tensor<?x?xi32>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask document %s, %ids : !attn.scores<?x4x?x?xf32>, tensor<?x?xi32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// Band and document: the band is recorded, tiles classified at run time.
+// CHECK-LABEL: func.func @document_causal(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, block_map = "runtime"}
+func.func @document_causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %ids: tensor<?x?xi32>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %c = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
+  %m = attn.mask document %c, %ids : !attn.scores<?x4x?x?xf32>, tensor<?x?xi32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+
+// -----
+
+// Custom predicates comparing kv - q with constants are bands (exact); others need the
+// runtime block map.
+// CHECK-LABEL: func.func @custom_affine(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -5, band_upper = 0, band_exact = 1}
+func.func @custom_affine(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask custom %s : !attn.scores<?x4x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %d = arith.subi %qi, %ki : index
+    %c5 = arith.constant 5 : index
+    %near = arith.cmpi sle, %d, %c5 : index
+    %past = arith.cmpi sge, %qi, %ki : index
+    %keep = arith.andi %near, %past : i1
+    attn.yield %keep : i1
+  }
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @custom_per_head(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, block_map = "runtime"}
+func.func @custom_per_head(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask custom %s : !attn.scores<?x4x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %w = arith.addi %qi, %h : index
+    %keep = arith.cmpi sle, %ki, %w : index
+    attn.yield %keep : i1
+  }
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+
+// -----
+
+// A mask before a softcap or a score_mod does not remove elements (-inf becomes -cap,
+// or anything): no plan. After them it does (the bias in between is fine).
+// CHECK-LABEL: func.func @mask_then_softcap(
+// CHECK:         attn.online_softmax %c, %v {block_m = 64, block_n = 32} :
+// CHECK-LABEL: func.func @softcap_then_mask(
+// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1}
+// CHECK-LABEL: func.func @mask_then_score_mod(
+// CHECK:         attn.online_softmax %t, %v {block_m = 64, block_n = 32} :
+func.func @mask_then_softcap(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
+  %c = attn.softcap %m {cap = 30.0} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %c : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+func.func @softcap_then_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %c = attn.softcap %s {cap = 30.0} : !attn.scores<?x4x?x?xf32>
+  %m0 = attn.mask causal %c : !attn.scores<?x4x?x?xf32>
+  %m = attn.bias alibi %m0 : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
+func.func @mask_then_score_mod(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
+  %t = attn.score_mod %m : !attn.scores<?x4x?x?xf32> {
+  ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index):
+    %two = arith.constant 2.0 : f32
+    %y = arith.mulf %x, %two : f32
+    attn.yield %y : f32
+  }
+  %p = attn.softmax %t : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}
