@@ -91,6 +91,10 @@ class ScoresType(_LogitsShapeType):
     """Attention logits `S[b, h, q, kv]` (fp32), before softmax."""
 
     name = "attn.scores"
+    # Redeclared here: the dataclass `__eq__`/`__hash__` xDSL generates only see fields of
+    # the decorated class, so without them every ScoresType compared equal to every other.
+    shape: ArrayAttr[IntAttr]
+    element_type: Attribute
 
 
 @irdl_attr_definition
@@ -98,6 +102,10 @@ class ProbsType(_LogitsShapeType):
     """Attention probabilities `P[b, h, q, kv]` (fp32), after softmax."""
 
     name = "attn.probs"
+    # Redeclared here: the dataclass `__eq__`/`__hash__` xDSL generates only see fields of
+    # the decorated class, so without them every ProbsType compared equal to every other.
+    shape: ArrayAttr[IntAttr]
+    element_type: Attribute
 
 
 # --------------------------------------------------------------------------- shapes
