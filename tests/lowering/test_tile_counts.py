@@ -12,6 +12,7 @@ give the same exact count. The numbers are checked against the reference as well
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -47,14 +48,18 @@ def grid(b: int, h: int, sq: int, skv: int) -> tuple[torch.Tensor, ...]:
     )
 
 
-def run_count(p: Program, keep_fn: Keep, sq: int, skv: int, *, batch: int = 2, seed: int = 0) -> None:
+def run_count(
+    p: Program, keep_fn: Keep, sq: int, skv: int, *, batch: int = 2, seed: int = 0,
+    block_m: int = BLOCK, block_n: int = BLOCK,
+) -> None:
     args = p.inputs(batch, sq, skv, seed)
-    fn = compile_program(p.text, "fused", count_tiles=True)
+    fn = compile_program(p.text, "fused", count_tiles=True, block_m=block_m, block_n=block_n)
     b, h, q, kv = grid(batch, HQ, sq, skv)
     keep = keep_fn(args, b, h, q, kv).expand(batch, HQ, sq, skv)
-    want = expected_tiles(keep)
+    want = expected_tiles(keep, block_m, block_n)
     got = fn.count_tiles(*args)
-    assert got == want, f"visited {got} tiles, {want} are non-empty (of {expected_tiles(torch.ones_like(keep))})"
+    total = expected_tiles(torch.ones_like(keep), block_m, block_n)
+    assert got == want, f"visited {got} tiles, {want} are non-empty (of {total})"
     out = fn(*args)
     assert_close(out, reference.run(p.text, *args))
 
@@ -80,6 +85,7 @@ def test_causal(sq: int, skv: int, align: str) -> None:
 
 WINDOWS: dict[str, tuple[int | None, int | None]] = {
     "left": (5, None),
+    "left_narrow": (2, None),
     "right": (None, 7),
     "both": (20, 3),
     "diagonal": (0, 0),
@@ -197,6 +203,55 @@ def test_custom_rows_only() -> None:
         attn.yield %keep$ : i1
     """
     run_count(builder().custom_mask(body).build(), lambda a, b, h, q, kv: (q >= 20) & (kv >= 0), 45, 45)
+
+
+_PRED = {"slt": operator.lt, "sle": operator.le, "sgt": operator.gt, "sge": operator.ge, "eq": operator.eq}
+
+
+@pytest.mark.parametrize("c", [-3, 4])
+@pytest.mark.parametrize("form", ["kv-q", "q-kv", "q+c_vs_kv"])
+@pytest.mark.parametrize("pred", list(_PRED))
+def test_custom_band_forms(pred: str, form: str, c: int) -> None:
+    """Every comparison of kv - q with a constant, written three ways: an exact band
+    (45 queries, 37 keys, so some q blocks' bands start past the last key)."""
+    f = _PRED[pred]
+    if form == "kv-q":
+        lhs, rhs, pre = "%d$", "%c$", "%d$ = arith.subi %kv$, %q$ : index"
+        keep: Keep = lambda a, b, h, q, kv: f(kv - q, c)  # noqa: E731
+    elif form == "q-kv":
+        lhs, rhs, pre = "%d$", "%c$", "%d$ = arith.subi %q$, %kv$ : index"
+        keep = lambda a, b, h, q, kv: f(q - kv, c)  # noqa: E731
+    else:
+        lhs, rhs, pre = "%d$", "%kv$", "%d$ = arith.addi %q$, %c$ : index"
+        keep = lambda a, b, h, q, kv: f(q + c, kv)  # noqa: E731
+    body = f"""
+        %c$ = arith.constant {c} : index
+        {pre}
+        %keep$ = arith.cmpi {pred}, {lhs}, {rhs} : index
+        attn.yield %keep$ : i1
+    """
+    run_count(builder().custom_mask(body).build(), keep, 45, 37)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
+@pytest.mark.parametrize("mask", ["causal_br", "window", "prefix", "document"])
+def test_block_sizes(mask: str, block_m: int, block_n: int) -> None:
+    """block-m != block-n: the bounds of the walk, and the block map, per q block."""
+    bld = builder()
+    if mask == "causal_br":
+        bld.mask("causal", align="bottom_right")
+        keep: Keep = lambda a, b, h, q, kv: kv <= q + 8  # noqa: E731
+    elif mask == "window":
+        bld.mask("sliding_window", left=6, right=20)
+        keep = lambda a, b, h, q, kv: (kv >= q - 6) & (kv <= q + 20)  # noqa: E731
+    elif mask == "prefix":
+        bld.mask("prefix_lm", prefix=19)
+        keep = lambda a, b, h, q, kv: (kv <= q) | (kv < 19)  # noqa: E731
+    else:
+        ids = bld.doc_ids(docs=3)
+        bld.mask("document", ids)
+        keep = lambda a, b, h, q, kv: a[3].long()[:, None, :, None] == a[3].long()[:, None, None, :]  # noqa: E731
+    run_count(bld.build(), keep, 45 if mask == "document" else 37, 45, block_m=block_m, block_n=block_n, seed=6)
 
 
 def test_mask_before_softcap_visits_all() -> None:
