@@ -41,11 +41,12 @@ def build_block_map(
     one: SSAValue,
     fname: str,
     remap: dict[SSAValue, SSAValue] | None = None,
+    blocks: tuple[int, int] | None = None,
 ) -> tuple[BlockMap, Operation]:
     """Allocate the map buffers, launch the map kernel; return them and the kernel."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
-    bm, bn = online.int_option("block_m"), online.int_option("block_n")
+    bm, bn = blocks or (online.int_option("block_m"), online.int_option("block_n"))
     masks = effective_masks(program.score_ops)
     per_head = any(_uses_head(m) for m in masks)
     heads = program.heads[0]

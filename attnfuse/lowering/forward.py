@@ -66,6 +66,9 @@ class ForwardSpec:
     launch: dict[str, Attribute] = field(default_factory=dict)
     remap: dict[SSAValue, SSAValue] = field(default_factory=dict)
     """Program values -> the host values a kernel reads instead (backward functions)."""
+    block_m: int | None = None
+    """Overrides the tile plan's block sizes (the band is in elements, so any size works)."""
+    block_n: int | None = None
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -86,8 +89,8 @@ class ForwardKernel:
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
         self.online = online
-        self.block_m = online.int_option("block_m") if online.option("block_m") else 128
-        self.block_n = online.int_option("block_n") if online.option("block_n") else 64
+        self.block_m = spec.block_m or (online.int_option("block_m") if online.option("block_m") else 128)
+        self.block_n = spec.block_n or (online.int_option("block_n") if online.option("block_n") else 64)
         self.hq, self.hk, self.hv = program.heads
         self.head_dim = _dims(spec.q)[3]
         self.v_dim = _dims(spec.v)[3]

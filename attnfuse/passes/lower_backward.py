@@ -33,7 +33,7 @@ from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
-from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, pipeline_stages, rope_inverse_frequencies
+from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
 from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -51,7 +51,7 @@ def _f32_like(ty: Attribute) -> TensorType:
 class _Builder:
     """Builds one backward host function and its kernels."""
 
-    def __init__(self, program: AttentionProgram, warps: int, stages: int) -> None:
+    def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -68,9 +68,9 @@ class _Builder:
             arg.name_hint = hint
         self.remap: dict[SSAValue, SSAValue] = dict(zip(fwd.args, self.block.args))
         self.host = HostCode(InsertPoint.at_end(self.block))
-        self.block_m, self.block_n = online.int_option("block_m"), online.int_option("block_n")
-        self.warps = warps or (8 if self.block_m >= 128 else 4)
-        self.stages = stages or pipeline_stages(program, online)
+        self.block_m, self.block_n = block_m, block_n
+        self.warps = warps
+        self.stages = stages
         self.results: list[SSAValue] = []
         self.grad_of: list[int] = []
 
@@ -136,7 +136,8 @@ class _Builder:
         block_map = None
         if self.online.str_option("block_map") == "runtime":
             block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
-                                                    one, f"{self.name}_bwd", remap=self.remap)
+                                                    one, f"{self.name}_bwd", remap=self.remap,
+                                                    blocks=(self.block_m, self.block_n))
             self.kernels.append(map_kernel)
         planned = set(effective_masks(p.score_ops)) if (
             self.online.int_option("band_exact") or block_map is not None) else set()
@@ -145,6 +146,7 @@ class _Builder:
             kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
             inv_freq=self.inv_freq, host_table=host.table, block_map=block_map,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
+            block_m=self.block_m, block_n=self.block_n,
         )
         spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
@@ -260,15 +262,22 @@ class LowerBackwardPass(ModulePass):
     name = "lower-backward"
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
-    num_warps: int = 0
-    num_stages: int = 0
+    block_m: int = 64
+    """Query rows per dQ program and per step of the dK/dV loop."""
+    block_n: int = 64
+    """Keys per dK/dV program and per step of the dQ loop."""
+    num_warps: int = 4
+    num_stages: int = 2
+    """The backward keeps more tiles live than the forward (Q, dO, dQ or dK/dV
+    accumulators), so it uses smaller blocks and a shallower pipeline to fit in shared
+    memory."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for function in find_functions(op):
             program = analyze(function)
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            builder = _Builder(program, self.num_warps, self.num_stages)
+            builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages)
             backward = builder.build()
             op.body.block.add_op(backward)
             for kernel in builder.kernels:
