@@ -111,6 +111,14 @@ def test_package_copies_identical() -> None:
         )
 
 
+def test_every_example_has_a_filecheck_test() -> None:
+    lit_dir = REPO / "tests" / "filecheck" / "examples"
+    for name in EXAMPLE_NAMES:
+        test = lit_dir / f"{name}.mlir"
+        assert test.is_file(), f"{test} is missing"
+        assert f"examples/{name}.attn" in test.read_text()
+
+
 def test_examples_path_api() -> None:
     assert examples.path("gemma2") == EXAMPLES_DIR / "gemma2.attn"
     assert examples.path("gemma2.attn") == EXAMPLES_DIR / "gemma2.attn"
@@ -454,15 +462,31 @@ def test_qwen3() -> None:
     assert_close(run_example("qwen3", q, k, v, wq, wk), want)
 
 
-def test_alibi() -> None:
-    q, k, v = qkv(16, 16, 64, seed=5)
-    slopes = bloom_alibi_slopes(16)
-    assert math.isclose(slopes[0], 2**-0.5) and math.isclose(slopes[-1], 2**-8)
+def bloom_176b_alibi_text() -> str:
+    """alibi.attn with BLOOM-176B's heads (bigscience/bloom: n_head = 112, head_dim 128).
+
+    112 is not a power of two: the slopes then interleave (BLOOM / ALiBi paper rule).
+    """
+    text = (EXAMPLES_DIR / "alibi.attn").read_text()
+    body = text[text.index("func.func") :]
+    assert body.count("x16x") == 15 and body.count("x64xf16") == 9
+    return body.replace("x16x", "x112x").replace("x64xf16", "x128xf16")
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [(16, 64), (112, 128)])
+def test_alibi(heads: int, head_dim: int) -> None:
+    q, k, v = qkv(heads, heads, head_dim, seed=5)
+    slopes = bloom_alibi_slopes(heads)
+    if heads == 16:
+        assert math.isclose(slopes[0], 2**-0.5) and math.isclose(slopes[-1], 2**-8)
+    else:  # 64 geometric slopes of base 2^-1/8, then 48 odd powers of 2^-1/16
+        assert math.isclose(slopes[63], 2**-8) and math.isclose(slopes[64], 2**-(1 / 16))
     i = torch.arange(S, dtype=F64)[:, None]
     j = torch.arange(S, dtype=F64)[None, :]
     bias = slopes[None, :, None, None] * (j - i)  # [1, H, Sq, Skv]
-    want = eager_attention(q, k, v, scaling=64**-0.5, bias=bias, keep=causal_keep(S, S))
-    assert_close(run_example("alibi", q, k, v), want)
+    want = eager_attention(q, k, v, scaling=head_dim**-0.5, bias=bias, keep=causal_keep(S, S))
+    text = None if heads == 16 else bloom_176b_alibi_text()
+    assert_close(run_example("alibi", q, k, v, text=text), want)
 
 
 def packed_documents(batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

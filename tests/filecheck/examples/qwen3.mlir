@@ -1,0 +1,16 @@
+// RUN: attnfuse-opt %S/../../../examples/qwen3.attn | filecheck %s
+// RUN: attnfuse-opt %S/../../../examples/qwen3.attn --print-op-generic | attnfuse-opt | filecheck %s
+
+// examples/qwen3.attn prints back in its custom form, directly and through the generic form.
+
+// CHECK:      func.func @qwen3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>, %wq: tensor<128xbf16>, %wk: tensor<128xbf16>) -> tensor<?x32x?x128xbf16> {
+// CHECK-NEXT:   %qn = attn.qk_norm %q weight %wq {eps = 1.0e-06} : tensor<?x32x?x128xbf16>, tensor<128xbf16>
+// CHECK-NEXT:   %kn = attn.qk_norm %k weight %wk {eps = 1.0e-06} : tensor<?x8x?x128xbf16>, tensor<128xbf16>
+// CHECK-NEXT:   %qr = attn.rope %qn {theta = 1000000.0} : tensor<?x32x?x128xbf16>
+// CHECK-NEXT:   %kr = attn.rope %kn {theta = 1000000.0} : tensor<?x8x?x128xbf16>
+// CHECK-NEXT:   %s = attn.scores %qr, %kr : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<?x32x?x?xf32>
+// CHECK-NEXT:   %m = attn.mask causal %s : !attn.scores<?x32x?x?xf32>
+// CHECK-NEXT:   %p = attn.softmax %m : !attn.scores<?x32x?x?xf32> -> !attn.probs<?x32x?x?xf32>
+// CHECK-NEXT:   %o = attn.weighted_sum %p, %v : !attn.probs<?x32x?x?xf32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
+// CHECK-NEXT:   func.return %o : tensor<?x32x?x128xbf16>
+// CHECK-NEXT: }
