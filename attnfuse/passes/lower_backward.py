@@ -73,6 +73,20 @@ class _Builder:
         self.stages = stages
         self.results: list[SSAValue] = []
         self.grad_of: list[int] = []
+        self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms))
+
+    def pre(self, transforms: list) -> list:
+        """Transforms the backward recomputes in pre-kernels.
+
+        The forward's placement, except that once any transform is in a pre-kernel
+        (hybrid, separate) all are: the dK/dV kernel visits every Q tile once per KV
+        block, so rotating Q there would redo the rotation S / BLOCK_N times. With
+        `fused`, everything stays in the kernels (no RoPE kernel runs in the backward).
+        """
+        return list(transforms) if self.any_pre else _pre_kernel(transforms)
+
+    def in_kernel(self, transforms: list) -> list:
+        return [] if self.any_pre else _in_kernel(transforms)
 
     def arg(self, value: SSAValue) -> SSAValue:
         return self.remap[value]
@@ -95,7 +109,7 @@ class _Builder:
         sides = {"q": (p.q, q, q_len), "k": (p.k, k, kv_len)}
         inputs: dict[str, SSAValue] = {}
         for tag, (side, source, seq) in sides.items():
-            pre = _pre_kernel(side.transforms)
+            pre = self.pre(side.transforms)
             inputs[tag] = source
             if pre:
                 assert isinstance(source.type, TensorType)
@@ -121,7 +135,7 @@ class _Builder:
                 grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], f"d_slopes{index}")
         if self.online.sinks is not None:
             grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], "d_sinks")
-        q_kernel_tf, k_kernel_tf = _in_kernel(p.q.transforms), _in_kernel(p.k.transforms)
+        q_kernel_tf, k_kernel_tf = self.in_kernel(p.q.transforms), self.in_kernel(p.k.transforms)
         q_slots = host.emit(arith.MuliOp(host.mul(batch, hq, "q_bh"), n_q), "q_slots")
         k_slots = host.emit(arith.MuliOp(host.mul(batch, hk, "k_bh"), n_kv), "k_slots")
         head_dim = _dim(q.type, 3)
@@ -183,12 +197,12 @@ class _Builder:
         self.host.launch(name, grid, operands)
 
     def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue) -> SSAValue:
-        ty = _f32_like(source.type) if _pre_kernel(transforms) else source.type
-        return self.host.alloc(_dyn(ty), [batch, seq], f"d_{tag}_rotated" if _pre_kernel(transforms) else f"d_{tag}")
+        ty = _f32_like(source.type) if self.pre(transforms) else source.type
+        return self.host.alloc(_dyn(ty), [batch, seq], f"d_{tag}_rotated" if self.pre(transforms) else f"d_{tag}")
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
-        pre = _pre_kernel(transforms)
+        pre = self.pre(transforms)
         if not pre:
             return grad
         host = self.host
