@@ -18,7 +18,7 @@ import attnfuse.backends.triton.runtime as runtime
 from attnfuse import reference
 from xdsl.utils.exceptions import DiagnosticException
 from attnfuse.testing import assert_close
-from programs import STRATEGIES, Builder, Program, check, compile_program, empty_rows, reference_lse
+from programs import STRATEGIES, Builder, Program, check, compile_program, empty_rows, pipeline, reference_lse
 
 CAUSAL = {"kind": "causal"}
 SHAPES_NE = [(29, 45), (45, 29)]
@@ -701,6 +701,28 @@ def test_strategies_agree() -> None:
     for strategy in ("hybrid", "separate"):
         diff = (outs[strategy] - outs["fused"]).abs().max().item()
         assert diff <= 1e-5, f"{strategy} differs from fused by {diff}"
+
+
+# ============================================================================ API: entry, disk cache
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_entry_and_disk_cache(first: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module with two attention functions: `entry` picks one, whether the program
+    was just lowered (cache miss) or read back from the disk cache (hit), in any order."""
+    import attnfuse.api as api
+
+    monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))
+    a = Builder("a").mask("causal").build()
+    b = Builder("b").alibi().build(sinks=True)
+    text = a.text + "\n" + b.text
+    programs = {"a": a, "b": b}
+    order = [first, "b" if first == "a" else "a"]
+    for name in order + order:  # miss, then hits
+        fn = api.compile(text, pipeline=pipeline(), entry=name)
+        assert fn.name == name
+        args = programs[name].inputs(2, 21, 21, seed=4)
+        assert_close(fn(*args), reference.run(text, *args, entry=name))
 
 
 # ============================================================================ strided inputs
