@@ -161,12 +161,38 @@ def test_head_dim(d: int, rope: bool) -> None:
     check(b.mask("causal").build(), q_len=33)
 
 
-@pytest.mark.parametrize("d,dv,rope", [(64, 32, False), (64, 80, True), (32, 128, True), (128, 64, True)])
+@pytest.mark.parametrize("d,rd", [(8, 8), (24, 12), (40, 20), (72, 72)])
+def test_odd_head_dim(d: int, rd: int) -> None:
+    """Head dims that are not powers of two (nor multiples of 16): padded tiles."""
+    check(Builder(d=d).rope(style="interleaved", rotary_dim=rd).mask("causal").build())
+
+
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("rd", [2, 62])
+def test_rotary_dim_extremes(rd: int, style: str) -> None:
+    check(Builder().rope(style=style, rotary_dim=rd).build())
+
+
+@pytest.mark.parametrize("d,dv,rope", [(64, 32, False), (64, 80, True), (32, 128, True), (128, 64, True), (64, 8, False)])
 def test_v_head_dim(d: int, dv: int, rope: bool) -> None:
     b = Builder(d=d, dv=dv)
     if rope:
         b.rope()
     check(b.mask("causal").build())
+
+
+def test_v_dtype_differs() -> None:
+    """q/k in f32, v (and so the output) in f16."""
+    p = Builder().mask("causal").build()
+    text = p.text.replace("%v: tensor<?x2x?x64xf32>", "%v: tensor<?x2x?x64xf16>")
+    text = text.replace("tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>", "tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>")
+    text = text.replace("func.return %o : tensor<?x4x?x64xf32>", "func.return %o : tensor<?x4x?x64xf16>")
+    text = text.replace(") -> tensor<?x4x?x64xf32> {", ") -> tensor<?x4x?x64xf16> {")
+    args = p.inputs(2, 37, 37)
+    args[2] = args[2].half()
+    out = compile_program(text)(*args)
+    assert out.dtype == torch.float16
+    assert_close(out, reference.run(text, *args))
 
 
 @pytest.mark.parametrize("sq,skv", [(1, 1), (1, 37), (16, 16), (37, 1), (64, 48)])
@@ -236,6 +262,17 @@ def test_bias_tensor_expanded_view() -> None:
     args = p.inputs(2, 37, 37)
     args[3] = torch.randn(1, 1, 1, 37, generator=torch.Generator().manual_seed(3)).expand(2, 4, 37, 37)
     check(p, args=args)
+
+
+@pytest.mark.parametrize("sinks", [False, True], ids=["no_sinks", "sinks"])
+def test_bias_additive_mask(sinks: bool) -> None:
+    """An additive mask: -inf entries in a bias tensor, one row entirely -inf."""
+    p = Builder().bias(("?", 1, "?", "?")).build(sinks=sinks)
+    args = p.inputs(2, 37, 37)
+    masked = torch.rand(2, 1, 37, 37, generator=torch.Generator().manual_seed(1)) < 0.5
+    masked[:, :, 5] = True
+    args[3] = args[3].masked_fill(masked, float("-inf"))
+    check(p, args=args, check_lse=True)
 
 
 # ============================================================================ softcap
@@ -312,6 +349,63 @@ def test_causal_then_window_merged() -> None:
     """attn-canonicalize merges causal + window{left} (Gemma 2 / gpt-oss)."""
     p = Builder().mask("causal").mask("sliding_window", left=20).build()
     check(p, q_len=45, kv_len=45, check_lse=True)
+
+
+@pytest.mark.parametrize("sq,skv", SHAPES_NE)
+def test_causal_and_window_bottom_right_merged(sq: int, skv: int) -> None:
+    p = Builder().mask("causal", align="bottom_right").mask("sliding_window", left=6, align="bottom_right").build()
+    check(p, q_len=sq, kv_len=skv, check_lse=True)
+
+
+@pytest.mark.parametrize("dtype", ["i1", "i32"])
+def test_key_padding_mask(dtype: str) -> None:
+    """A [B, Skv] key-padding mask read by a custom predicate (i1 or i32 tensor)."""
+    b = Builder()
+
+    def gen(g: torch.Generator, bb: int, sq: int, skv: int) -> torch.Tensor:
+        keep = torch.rand(bb, skv, generator=g) > 0.3
+        return keep if dtype == "i1" else keep.to(torch.int32)
+
+    valid = b.arg("valid", f"tensor<?x?x{dtype}>", gen)
+    if dtype == "i1":
+        body = """
+            %k$ = tensor.extract %c0$[%b$, %kv$] : tensor<?x?xi1>
+            attn.yield %k$ : i1
+        """
+    else:
+        body = """
+            %k$ = tensor.extract %c0$[%b$, %kv$] : tensor<?x?xi32>
+            %z$ = arith.constant 0 : i32
+            %keep$ = arith.cmpi ne, %k$, %z$ : i32
+            attn.yield %keep$ : i1
+        """
+    check(b.custom_mask(body, valid).build(), check_lse=True)
+
+
+def test_per_batch_lengths() -> None:
+    """Variable key lengths per batch row (a [B] tensor) plus causal."""
+    b = Builder()
+    lens = b.arg("lens", "tensor<?xi32>", lambda g, bb, sq, skv: torch.randint(1, skv + 1, (bb,), generator=g, dtype=torch.int32))
+    body = """
+        %n$ = tensor.extract %c0$[%b$] : tensor<?xi32>
+        %ni$ = arith.index_cast %n$ : i32 to index
+        %keep$ = arith.cmpi slt, %kv$, %ni$ : index
+        attn.yield %keep$ : i1
+    """
+    check(b.custom_mask(body, lens).mask("causal").build(), check_lse=True)
+
+
+def test_two_document_masks() -> None:
+    b = Builder()
+    d1 = b.doc_ids("d1", docs=2)
+    d2 = b.doc_ids("d2", docs=4)
+    check(b.mask("document", d1).mask("document", d2).build(), check_lse=True)
+
+
+def test_document_dropout() -> None:
+    b = Builder()
+    ids = b.doc_ids()
+    check(b.mask("causal").mask("document", ids).build(dropout=0.2))
 
 
 @pytest.mark.parametrize("docs", [1, 3, 6])
@@ -530,6 +624,35 @@ def test_score_mod_scalar_capture() -> None:
         attn.yield %y$ : f32
     """
     check(b.score_mod(body, temp).build())
+
+
+def test_score_mod_2d_table() -> None:
+    """A [H, Skv] table gathered by (h, kv)."""
+    b = Builder()
+    tab = b.arg("tab", "tensor<4x?xf32>", lambda g, bb, sq, skv: torch.randn(4, skv, generator=g))
+    body = """
+        %w$ = tensor.extract %c0$[%h$, %kv$] : tensor<4x?xf32>
+        %y$ = arith.addf %x$, %w$ : f32
+        attn.yield %y$ : f32
+    """
+    check(b.score_mod(body, tab).build(), q_len=29, kv_len=45)
+
+
+def test_score_mod_select_exp_log_bf16_table() -> None:
+    b = Builder()
+    tab = b.table("tab", 4, "bf16")
+    body = """
+        %z$ = arith.constant 0.0 : f32
+        %pos$ = arith.cmpf ogt, %x$, %z$ : f32
+        %e$ = math.exp %x$ : f32
+        %l$ = math.log %e$ : f32
+        %w$ = tensor.extract %c0$[%h$] : tensor<4xbf16>
+        %wf$ = arith.extf %w$ : bf16 to f32
+        %n$ = arith.mulf %x$, %wf$ : f32
+        %y$ = arith.select %pos$, %l$, %n$ : f32
+        attn.yield %y$ : f32
+    """
+    check(b.score_mod(body, tab).mask("causal").build())
 
 
 # ============================================================================ softmax: sinks, lse, empty rows
@@ -753,3 +876,27 @@ def test_bshd_views(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert_close(got, reference.run(p.text, *views))
     for name, t in zip("qkv", bshd):
         assert t.data_ptr() in seen, f"{name} was copied before the launch"
+
+
+def test_strided_extra_operands() -> None:
+    """Positions, ids, bias and sinks as non-contiguous views."""
+    b = Builder()
+    pos = b.positions(2)
+    ids = b.doc_ids()
+    p = b.rope(positions=pos).mask("document", ids).bias(("?", 4, "?", "?")).build(sinks=True)
+    args = p.inputs(2, 37, 37)
+    g = torch.Generator().manual_seed(0)
+    args[3] = torch.randint(0, 100, (2, 74), generator=g, dtype=torch.int32)[:, ::2]
+    args[4] = args[4].t().contiguous().t()
+    args[5] = args[5].transpose(-1, -2).contiguous().transpose(-1, -2)
+    args[6] = torch.randn(8, generator=g)[::2]
+    assert not any(a.is_contiguous() for a in args[3:])
+    check(p, args=args)
+
+
+def test_head_dim_stride() -> None:
+    """q/k/v whose head_dim is strided (every other column of a wider tensor)."""
+    p = Builder().rope().mask("causal").build()
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(*a.shape[:3], 128, generator=g)[..., ::2] for a in p.inputs(2, 37, 37)]
+    check(p, args=args)
