@@ -191,6 +191,17 @@ def test_extra_operand_dynamic_dims(make: Any, bad: Any, needle: str) -> None:
         fn(*args)
 
 
+@pytest.mark.parametrize("make,needle", [(_doc_program, "'doc'"), (_pos_program, "'pos'")], ids=["doc_ids", "positions"])
+def test_shared_operand_needs_equal_lengths(make: Any, needle: str) -> None:
+    """One ids / positions operand serves queries and keys, so it needs Sq == Skv: with
+    9 queries and 5 keys the kernel would read query rows 5..8 past its end."""
+    p = make()
+    fn = compile_program(p.text)
+    args = p.inputs(2, 9, 5, seed=1)
+    with pytest.raises(AttnfuseArgumentError, match=needle):
+        fn(*args)
+
+
 def test_argument_error_is_value_error() -> None:
     assert issubclass(AttnfuseArgumentError, ValueError)
 

@@ -664,6 +664,14 @@ def test_sinks(strategy: str) -> None:
     check(p, strategy=strategy, check_lse=True)
 
 
+def test_sinks_extreme_values() -> None:
+    """Sinks of -inf (no sink), 0, +-50, with fully masked rows (bottom-right, 45 > 29)."""
+    p = Builder().mask("causal", align="bottom_right").build(sinks=True)
+    args = p.inputs(2, 45, 29)
+    args[3] = torch.tensor([float("-inf"), 0.0, 50.0, -50.0])
+    check(p, args=args, q_len=45, kv_len=29, check_lse=True)
+
+
 def test_program_returns_lse() -> None:
     p = Builder().rope().mask("causal").build(lse=True)
     fn = compile_program(p.text)
