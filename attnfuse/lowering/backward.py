@@ -127,11 +127,7 @@ class _Recompute:
         return b.ge(b.rand(self.seed_bh, counters), self.dropout_p, name="keep")
 
 
-class _PartsKernel(ForwardKernel):
-    ALLOW_NATURAL_Q = False
-
-
-class DqKernel(_PartsKernel, _Recompute):
+class DqKernel(ForwardKernel, _Recompute):
     """dQ (and bias / sink / slope / Q-norm-weight gradients): see the module docstring."""
 
     def __init__(self, spec: BackwardSpec, name: str) -> None:
@@ -251,7 +247,7 @@ class DkvKernel(_Recompute):
     def __init__(self, spec: BackwardSpec, name: str) -> None:
         fwd = spec.forward
         self.bspec, self.spec, self.name = spec, fwd, name
-        base = _PartsKernel(fwd, name)  # same layout decisions, arguments and chain
+        base = ForwardKernel(fwd, name)  # same layout decisions, arguments and chain
         self.base = base
         self.layout, self.chain, self.scale = base.layout, base.chain, base.scale
         self.online = base.online

@@ -79,8 +79,6 @@ def _dims(value: SSAValue) -> tuple[int, ...]:
 class ForwardKernel:
     """Builds the forward `tile.kernel` from a `ForwardSpec`."""
 
-    ALLOW_NATURAL_Q = True
-    """Whether Q may be rotated as one tile (the backward needs the parts layout)."""
 
     def __init__(self, spec: ForwardSpec, name: str) -> None:
         self.spec = spec
@@ -107,11 +105,6 @@ class ForwardKernel:
                 rope_k,
             )
         self.layout = layout_q if rope_q is not None else layout_k
-        # Without a rotation of K tiles in the kernel, Q is rotated whole (partner load)
-        # and both sides stay one [rows, D] tile: a single dot per KV tile.
-        self.q_natural = self.ALLOW_NATURAL_Q and rope_k is None and rope_q is not None
-        if self.q_natural:
-            self.layout = layout_k
 
         sig = KernelSignature(spec.remap)
         self.sig = sig
@@ -164,10 +157,7 @@ class ForwardKernel:
 
         q_base = self.q_arg.base(b, batch, head)
         dtype = self._dtype(spec.q)
-        if self.q_natural and self.q_side.natural_ok() and self.layout == partition(None, self.head_dim):
-            self.q_parts = {"all": b.cast(self._q_natural(q_base, rows, row_ok), dtype, name="q")}
-        else:
-            self._q_parts(q_base, rows, row_ok, batch, dtype)
+        self._q_parts(q_base, rows, row_ok, batch, dtype)
         self.k_base = self.k_arg.base(b, batch, kv_head)
         self.v_base = self.v_arg.base(b, batch, v_head)
         self.seed_bh: SSAValue | None = None
@@ -218,19 +208,6 @@ class ForwardKernel:
             q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
             q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
         self.q_parts = q_parts
-
-    def _q_natural(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue) -> SSAValue:
-        """Load and transform Q as one [BM, D] tile (see `SideTransforms.apply_natural`)."""
-        b, arg = self.b, self.q_arg
-        width = _pow2(self.head_dim)
-        row_offs = b.expand_dims(b.mul(rows, arg.strides[2]), 1)
-
-        def load(columns: SSAValue) -> SSAValue:
-            offs = b.add(row_offs, b.expand_dims(b.mul(columns, arg.strides[3]), 0))
-            mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(columns, self.head_dim), 0))
-            return b.cast(b.load(q_base, offs, mask=mask, other=0.0), f32)
-
-        return self.q_side.apply_natural(b, load, rows, self.coords[0], row_ok, width)
 
     # ------------------------------------------------------------------ KV walk
 

@@ -9,9 +9,11 @@ RoPE and QK-norm act on Q and K *before* the QK matmul. This pass sets each tran
   reads K already transformed;
 * `separate`: both sides in generated pre-kernels (what an unfused stack does);
 * `auto`: ask the cost model (`attnfuse.cost`) for the device given to the driver with
-  `--device`; without a cost model, `hybrid`, the fastest measured on an H200 for
-  Llama-3 shapes (docs/benchmarks.md): K is rotated once at the cost of one extra pass
-  over K, while `fused` recomputes each K tile's rotation for every Q block visiting it.
+  `--device`; without a cost model, `separate`, the fastest measured on an H200 for
+  Llama-3-8B shapes, forward and forward+backward (docs/benchmarks.md): rotating Q and K
+  once costs one extra pass over them, while `fused` recomputes the rotation of each K
+  tile for every Q block that visits it (libdevice sin/cos per element), and `hybrid`
+  splits the QK^T product into per-part dots.
 
 ```mlir
 %kr = attn.rope %k {theta = 500000.0} : tensor<?x8x?x128xbf16>
@@ -45,7 +47,7 @@ def choose_strategy(strategy: str, device: str | None) -> str:
     try:
         from attnfuse.cost import choose_rope_strategy  # type: ignore[attr-defined]
     except ImportError:
-        return "hybrid"
+        return "separate"
     return str(choose_rope_strategy(device))
 
 
