@@ -63,7 +63,24 @@ def _seed_programs() -> dict[str, str]:
     return seeds
 
 
-SEEDS = _seed_programs()
+def _with_generic_forms(seeds: dict[str, str]) -> dict[str, str]:
+    """Add each seed's generic form: it reaches states the custom parser rules out
+    (unknown kinds, string options outside their choices, extra regions and blocks)."""
+    ctx = make_context()
+    out = dict(seeds)
+    for name, text in seeds.items():
+        module, _ = parse_module_with_locations(ctx, text, name)
+        out[f"generic.{name}"] = _generic(module)
+    return out
+
+
+def _generic(module: ModuleOp) -> str:
+    stream = io.StringIO()
+    Printer(stream=stream, print_generic_format=True).print_op(module)
+    return stream.getvalue()
+
+
+SEEDS = _with_generic_forms(_seed_programs())
 SEED_NAMES = sorted(SEEDS)
 
 # ================================================================= mutations
@@ -100,6 +117,7 @@ KEYWORDS = (
     "attn.bias", "attn.softcap", "attn.mask", "attn.score_mod", "attn.softmax",
     "attn.dropout", "attn.weighted_sum", "attn.yield", "func.return", "arith.constant",
     '"half"', '"yarn"', '"bottom_right"', "%q", "%s", "%seed", "^bb0",
+    '"bogus"', '"custom"', '"tensor"', "kind", "operandSegmentSizes", "^bb1",
 )
 JUNK = "{}()<>[],:=%^@!#?x-.+*/\\\n\t\x00é∞ '0"
 """Junk characters; no `"`: an unterminated string literal hangs xDSL's lexer (see
@@ -222,10 +240,22 @@ def mutate(name: str, edits: list[Mutation]) -> str:
 _CTX: Context = make_context()
 
 
-def _generic(module: ModuleOp) -> str:
-    stream = io.StringIO()
-    Printer(stream=stream, print_generic_format=True).print_op(module)
-    return stream.getvalue()
+def _is_missing_property_gap(exc: BaseException) -> bool:
+    """xDSL gap (reported): a generic-form op without a required property, e.g. a
+    `func.func` without `function_type`, makes the verifier of an op *inside* it read the
+    missing property (`func.return` does), a bare KeyError, because xDSL verifies nested
+    ops before their parent. attn ops only have optional properties, so this cannot come
+    from them; `test_known_gaps` tracks it."""
+    if not isinstance(exc, KeyError):
+        return False
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return frames[-1].endswith("xdsl/irdl/operations.py") and not any(
+        "attnfuse" in f for f in frames[-3:]
+    )
 
 
 def parse_only(text: str) -> ModuleOp:
@@ -240,6 +270,10 @@ def parse_and_verify(text: str) -> ModuleOp | None:
         verify_module(module)
     except CLEAN_ERRORS:
         return None
+    except KeyError as e:
+        if _is_missing_property_gap(e):
+            return None
+        raise
     return module
 
 
@@ -280,9 +314,17 @@ def run_driver(text: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def check_driver(text: str) -> None:
+def check_driver(text: str, *, allow_known_gaps: bool = True) -> None:
     code, out, err = run_driver(text)
     assert "Traceback" not in out + err, err
+    if allow_known_gaps and code == 3 and "internal error: KeyError" in err:
+        try:
+            parse_only(text).verify()
+        except KeyError as e:
+            if _is_missing_property_gap(e):
+                return
+        except Exception:  # noqa: BLE001 - anything else is checked below
+            pass
     assert "internal error" not in err, f"driver crashed:\n{err}\n--- input:\n{text}"
     module = parse_and_verify(text)
     if module is None:
@@ -374,6 +416,34 @@ def test_mutations_change_the_text() -> None:
         assert sum(changed) >= 30, kind
 
 
+GENERIC_REGRESSIONS: dict[str, tuple[str, str, str]] = {
+    # was: KeyError 'bogus' in attn.mask's verifier
+    "unknown mask kind": ("generic.gemma2", 'kind = "causal"', 'kind = "bogus"'),
+    # was: accepted, then the reference failed on the unknown style
+    "style outside its choices": ("generic.attn_ops.rope", 'style = "half"', 'style = "neox"'),
+    # was: ValueError from Region.block in attn.mask's verifier
+    "two-block custom mask": (
+        "attn_ops.mask",
+        "    attn.yield %keep : i1\n  }",
+        "    attn.yield %keep : i1\n  ^bb1:\n    attn.yield %keep : i1\n  }",
+    ),
+    # was: accepted; the custom form then printed `theta = inf`, which does not parse
+    "infinite float in the generic form": (
+        "generic.llama3", "theta = 5.000000e+05 : f64", "theta = 0x7FF0000000000000 : f64"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GENERIC_REGRESSIONS))
+def test_generic_form_regressions(case: str) -> None:
+    seed, old, new = GENERIC_REGRESSIONS[case]
+    assert old in SEEDS[seed], (seed, old)
+    text = SEEDS[seed].replace(old, new, 1)
+    assert parse_and_verify(text) is None
+    check_parser(text)
+    check_driver(text)
+
+
 DRIVER_REGRESSIONS: dict[str, str] = {
     # was: "internal error: ValueError: Invalid Block name format `0`" (exit 3)
     "numeric block label": SEEDS["attn_ops.score_mod"].replace("^bb0(", "^0(", 1),
@@ -427,3 +497,17 @@ def test_unterminated_string_does_not_hang() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("parsing an unterminated string literal did not finish in 5 s")
     assert proc.stdout.strip() == "ParseError", proc.stderr
+
+
+KNOWN_GAPS: dict[str, str] = {
+    "func.func without function_type": SEEDS["generic.attn_ops.softcap"].replace(
+        "function_type", "kind", 1
+    ),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="xDSL verifier gap, reported (see _is_missing_property_gap)")
+@pytest.mark.parametrize("case", sorted(KNOWN_GAPS))
+def test_known_gaps(case: str) -> None:
+    """Fixing the gap (a located error, exit 1) makes this XPASS: then drop the allowance."""
+    check_driver(KNOWN_GAPS[case], allow_known_gaps=False)

@@ -84,6 +84,8 @@ def _check_same_type(op: IRDLOperation, a: Attribute, b: Attribute, what: str) -
 def _check_region_args(region: Region, expected: list[Attribute], op_name: str, what: str) -> None:
     if not region.blocks:
         raise VerifyException(f"{op_name}: {what} needs a region")
+    if len(region.blocks) != 1:
+        raise VerifyException(f"{op_name}: {what} region must have a single block")
     got = [a.type for a in region.block.args]
     if got != expected:
         shown = ", ".join(str(t) for t in expected)

@@ -15,14 +15,16 @@ so printing is the exact inverse of parsing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar, cast
 
-from xdsl.dialects.builtin import StringAttr
+from xdsl.dialects.builtin import FloatAttr, StringAttr
 from xdsl.ir import Attribute, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_types import Option, option_value, parse_options, print_options
 
@@ -69,6 +71,33 @@ class AttnSyntaxOp(IRDLOperation):
         if isinstance(attr, StringAttr):
             return attr.data
         return self.DEFAULT_KIND or ""
+
+    # ------------------------------------------------------------------ verifying
+
+    def verify_options(self) -> None:
+        """The checks the custom parser makes, for ops built from Python or the generic form.
+
+        A kind must be one of `KINDS`, a string option one of its choices, a float option
+        finite (the custom syntax has no spelling for inf/nan).
+        """
+        kind = self.properties.get("kind")
+        if self.KINDS and isinstance(kind, StringAttr) and kind.data not in self.KINDS:
+            raise VerifyException(
+                f"{self.name}: unknown kind '{kind.data}' (expected one of {', '.join(self.KINDS)})"
+            )
+        for opt in self.OPTIONS:
+            attr = self.properties.get(opt.name)
+            if isinstance(attr, StringAttr) and opt.choices and attr.data not in opt.choices:
+                raise VerifyException(
+                    f"{self.name}: option '{opt.name}' must be one of "
+                    f"{', '.join(opt.choices)}, got '{attr.data}'"
+                )
+            if isinstance(attr, FloatAttr) and not math.isfinite(attr.value.data):
+                raise VerifyException(f"{self.name}: option '{opt.name}' must be finite")
+
+    def verify(self, verify_nested_ops: bool = True) -> None:
+        self.verify_options()
+        super().verify(verify_nested_ops)
 
     # ------------------------------------------------------------------ parsing
 
