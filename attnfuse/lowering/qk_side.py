@@ -181,13 +181,9 @@ class SideTransforms:
 
 
 def _yarn_attention_factor(op: RopeOp) -> float:
-    import math
+    from attnfuse.reference.rope import RopeParams, yarn_attention_factor
 
-    given = op.option("attention_factor")
-    if given is not None:
-        return float(given)
-    factor = op.float_option("factor")
-    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return yarn_attention_factor(RopeParams.of(op))
 
 
 def load_parts(

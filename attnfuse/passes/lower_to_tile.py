@@ -54,21 +54,7 @@ def rope_inverse_frequencies(op: RopeOp) -> list[float]:
     """The (scaled) inverse frequencies of a rope op, computed as the reference does."""
     from attnfuse.reference.rope import RopeParams, inverse_frequencies
 
-    attention_factor = op.option("attention_factor")
-    params = RopeParams(
-        rotary_dim=op.rotary_width(),
-        theta=op.float_option("theta"),
-        style=op.str_option("style"),
-        scaling=op.str_option("scaling"),
-        factor=op.float_option("factor"),
-        low_freq_factor=op.float_option("low_freq_factor"),
-        high_freq_factor=op.float_option("high_freq_factor"),
-        original_max_position=op.int_option("original_max_position"),
-        beta_fast=op.float_option("beta_fast"),
-        beta_slow=op.float_option("beta_slow"),
-        truncate=op.int_option("truncate"),
-        attention_factor=None if attention_factor is None else float(attention_factor),
-    )
+    params = RopeParams.of(op)
     return [float(x) for x in inverse_frequencies(params)]
 
 

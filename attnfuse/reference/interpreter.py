@@ -142,21 +142,7 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
             positions.dim() == 1 or positions.shape[0] in (1, batch),
             "attn.rope: positions batch dim must be 1 or the input's",
         )
-    a = op.option("attention_factor")
-    params = RopeParams(
-        rotary_dim=op.rotary_width(),
-        theta=op.float_option("theta"),
-        style=op.str_option("style"),
-        scaling=op.str_option("scaling"),
-        factor=op.float_option("factor"),
-        low_freq_factor=op.float_option("low_freq_factor"),
-        high_freq_factor=op.float_option("high_freq_factor"),
-        original_max_position=op.int_option("original_max_position"),
-        beta_fast=op.float_option("beta_fast"),
-        beta_slow=op.float_option("beta_slow"),
-        truncate=op.int_option("truncate"),
-        attention_factor=None if a is None else float(a),
-    )
+    params = RopeParams.of(op)
     return (apply_rope(x, params, positions),)
 
 

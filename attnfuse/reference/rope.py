@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnfuse.dialects.attn import RopeOp
+
 __all__ = ["RopeParams", "apply_rope", "cos_sin", "inverse_frequencies", "yarn_attention_factor"]
 
 
@@ -31,6 +33,25 @@ class RopeParams:
     beta_slow: float = 1.0
     truncate: int = 1
     attention_factor: float | None = None
+
+    @classmethod
+    def of(cls, op: RopeOp) -> RopeParams:
+        """The resolved options of an `attn.rope` op (defaults filled in)."""
+        attention_factor = op.option("attention_factor")
+        return cls(
+            rotary_dim=op.rotary_width(),
+            theta=op.float_option("theta"),
+            style=op.str_option("style"),
+            scaling=op.str_option("scaling"),
+            factor=op.float_option("factor"),
+            low_freq_factor=op.float_option("low_freq_factor"),
+            high_freq_factor=op.float_option("high_freq_factor"),
+            original_max_position=op.int_option("original_max_position"),
+            beta_fast=op.float_option("beta_fast"),
+            beta_slow=op.float_option("beta_slow"),
+            truncate=op.int_option("truncate"),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+        )
 
 
 def _default_inv_freq(p: RopeParams) -> torch.Tensor:
