@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(kernels)} kernel(s):")
     for kernel in kernels:
         meta = kernel_metadata(kernel)
-        role = meta.launch.get("role", "-")
-        print(f"  @{meta.name}: role {role}, num_warps={meta.num_warps}, num_stages={meta.num_stages}, "
+        role = " (forward)" if meta.launch.get("role") == "forward" else ""
+        print(f"  @{meta.name}{role}: num_warps={meta.num_warps}, num_stages={meta.num_stages}, "
               f"{len(op_text(kernel).splitlines())} lines of tile IR")
 
     # 3. The Triton source of the forward kernel.
