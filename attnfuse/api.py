@@ -45,7 +45,7 @@ from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE
-from attnfuse.program import find_functions
+from attnfuse.program import analyze, find_functions, needs_equal_lengths, symbolic_shapes
 
 _VERSION = "0.1.0"
 
@@ -107,6 +107,9 @@ class AttentionFunction:
             raise ValueError(f"{filename}: no attention function{f' named @{entry}' if entry else ''}")
         function = functions[0]
         self.name = function.sym_name.data
+        analyzed = analyze(function)
+        self._symbolic = symbolic_shapes(analyzed)
+        self._same_lengths = needs_equal_lengths(analyzed)
         self.parameters = [
             Parameter(i, a.name_hint or f"arg{i}", a.type) for i, a in enumerate(function.args)
         ]
@@ -218,14 +221,26 @@ class AttentionFunction:
         return device
 
     def _check_consistent(self, args: Sequence[Any]) -> None:
-        """q, k, v must agree on batch; k and v on sequence length."""
-        q, k, v = args[0], args[1], args[2]
-        if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
+        k, then every tensor argument is checked against its expected shape."""
+        q_index = next(i for i, s in self._symbolic.items() if len(s) == 4 and s[2] == "Sq")
+        k_index = next(i for i, s in self._symbolic.items() if len(s) == 4 and s[2] == "Skv")
+        q, k = args[q_index], args[k_index]
+        sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
+        if self._same_lengths and sizes["Sq"] != sizes["Skv"]:
             raise AttnfuseArgumentError(
-                f"q, k, v batch sizes differ: {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
+                f"q and k must have the same length (one document-ids or position-ids operand "
+                f"serves both), got {sizes['Sq']} and {sizes['Skv']}"
             )
-        if k.shape[2] != v.shape[2]:
-            raise AttnfuseArgumentError(f"k and v sequence lengths differ: {k.shape[2]} vs {v.shape[2]}")
+        for index, symbols in sorted(self._symbolic.items()):
+            arg = args[index]
+            want = [sizes[s] if isinstance(s, str) else s for s in symbols]
+            if list(arg.shape) != want:
+                shown = ", ".join(f"{s}={sizes[s]}" if isinstance(s, str) else str(s) for s in symbols)
+                param = self.parameters[index]
+                raise AttnfuseArgumentError(
+                    f"argument {index} '{param.name}': expected shape [{shown}], got {tuple(arg.shape)}"
+                )
 
 
 class _Differentiable(torch.autograd.Function):

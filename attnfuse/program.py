@@ -201,3 +201,58 @@ def analyze(function: func.FuncOp) -> AttentionProgram:
     )
     program.v_arg = program.arg(v_value)
     return program
+
+
+def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...]]:
+    """The expected shape of each tensor argument, with `B`, `Sq`, `Skv` for dims that
+    must equal q's batch, q's length or k's length (`1` stays a broadcast dim).
+
+    Lets a caller check the dynamic dims of extra operands (position ids, document ids,
+    bias tensors, prefix lengths) before a kernel reads them out of bounds.
+    """
+    from attnfuse.dialects.attn import BiasOp, MaskOp
+
+    def dims(value: SSAValue) -> tuple[int, ...]:
+        assert isinstance(value.type, TensorType)
+        return tuple(value.type.get_shape())
+
+    def resolve(static: tuple[int, ...], symbols: tuple[str | int, ...]) -> tuple[str | int, ...]:
+        return tuple(s if d < 0 else d for d, s in zip(static, symbols))
+
+    shapes: dict[int, tuple[str | int, ...]] = {}
+    fn_args = program.func.args
+    for index, seq in ((program.q.arg_index, "Sq"), (program.k.arg_index, "Skv"), (program.v_arg, "Skv")):
+        shape = dims(fn_args[index])
+        shapes[index] = resolve(shape, ("B", shape[1], seq, shape[3]))
+    for side, seq in ((program.q, "Sq"), (program.k, "Skv")):
+        for op in side.transforms:
+            positions = getattr(op, "positions", None)
+            if positions is not None and isinstance(positions, BlockArgument):
+                shape = dims(positions)
+                shapes[positions.index] = resolve(shape, ("B", seq)[-len(shape):] if len(shape) == 2 else (seq,))
+    for op in program.score_ops:
+        if isinstance(op, BiasOp) and op.kind_name == "tensor" and isinstance(op.bias[0], BlockArgument):
+            shape = dims(op.bias[0])
+            shapes[op.bias[0].index] = resolve(shape, ("B", shape[1], "Sq", "Skv"))
+        elif isinstance(op, MaskOp) and op.kind_name == "document":
+            seqs = ("Sq", "Skv") if len(op.args) == 2 else ("Sq",)
+            for arg, seq in zip(op.args, seqs):
+                if isinstance(arg, BlockArgument):
+                    shapes[arg.index] = resolve(dims(arg), ("B", seq))
+        elif isinstance(op, MaskOp) and op.kind_name == "prefix_lm" and op.args:
+            arg = op.args[0]
+            if isinstance(arg, BlockArgument):
+                shapes[arg.index] = resolve(dims(arg), ("B",))
+    return shapes
+
+
+def needs_equal_lengths(program: AttentionProgram) -> bool:
+    """Whether q and k must have the same length: one document-ids operand serves both
+    sides, or one position-ids operand is read by both Q's and K's RoPE."""
+    from attnfuse.dialects.attn import MaskOp
+
+    if any(isinstance(op, MaskOp) and op.kind_name == "document" and len(op.args) == 1
+           for op in program.score_ops):
+        return True
+    q_pos = {id(getattr(t, "positions", None)) for t in program.q.transforms if getattr(t, "positions", None)}
+    return any(id(getattr(t, "positions", None)) in q_pos for t in program.k.transforms)

@@ -321,6 +321,9 @@ class DkvKernel(_Recompute):
         if lower is not None:  # kv - q - diag >= lower  =>  q <= kv - diag - lower
             last = b.sub(b.sub(b.add(n_start, bn - 1), diag), int(lower))
             hi = b.minimum(q_len, b.maximum(b.add(last, 1), 0), name="q_hi")
+        if upper is not None and prefix is None:
+            # No query of the block is kept when the band ends before the first query.
+            hi = b.where(b.ge(b.sub(b.sub(n_start, diag), int(upper)), q_len), lo, hi)
         if prefix is not None and upper is not None:
             # Keys below the prefix are visible to every query.
             prefix_v = self.base.prefix_value(self.batch) if int(prefix) < 0 else int(prefix)

@@ -21,7 +21,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import Value
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram, ProgramError
@@ -94,10 +94,10 @@ class ForwardKernel:
         self.v_dim = _dims(spec.v)[3]
         self.scale = program.scores.scale_value()
 
+        layout_q = side_layout(spec.q_transforms, self.head_dim)
+        layout_k = side_layout(spec.k_transforms, self.head_dim)
         rope_q = next((t for t in spec.q_transforms if isinstance(t, RopeOp)), None)
         rope_k = next((t for t in spec.k_transforms if isinstance(t, RopeOp)), None)
-        layout_q = partition(rope_q, self.head_dim)
-        layout_k = partition(rope_k, self.head_dim)
         if rope_q is not None and rope_k is not None and layout_q != layout_k:
             raise ProgramError(
                 "q and k RoPE fused in one kernel must share style and rotary_dim; "
@@ -240,6 +240,10 @@ class ForwardKernel:
             hi = b.maximum(hi, prefix_end)
             full_hi = b.maximum(full_hi, b.mul(b.div(prefix_end, bn), bn))
         hi = b.name(b.add(hi, 0), "kv_hi") if isinstance(hi, int) else hi
+        if lower is not None and prefix is None:
+            # No key of this q block is kept when its band starts past the last key.
+            first_kept = b.add(b.add(q_start, diag), int(lower))
+            hi = b.where(b.ge(first_kept, kv_len), lo, hi, name="kv_hi")
         if not exact:
             return [(lo, hi, False)]
         full_hi = b.minimum(full_hi, kv_end_tiles)

@@ -14,7 +14,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from attnfuse.dialects.attn import QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition, store_parts
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, side_layout, store_parts
 from attnfuse.lowering.signature import KernelSignature
 
 ROWS_PER_PROGRAM = 64
@@ -41,8 +41,7 @@ def build_prekernel(
     sig.scalar("B", batch)
     seq = sig.scalar("S", seq_len)
     b = sig.start(name, num_warps=4, num_stages=1, launch=launch)
-    rope = next((t for t in transforms if isinstance(t, RopeOp)), None)
-    layout = partition(rope, head_dim)
+    layout = side_layout(transforms, head_dim)
     pid_s = b.program_id(0, name="pid_s")
     pid_bh = b.program_id(1, name="pid_bh")
     batch_index = b.div(pid_bh, heads, name="batch")
@@ -83,8 +82,7 @@ def build_prekernel_backward(
     sig.scalar("B", batch)
     seq = sig.scalar("S", seq_len)
     b = sig.start(name, num_warps=4, num_stages=1, launch={})
-    rope = next((t for t in transforms if isinstance(t, RopeOp)), None)
-    layout = partition(rope, head_dim)
+    layout = side_layout(transforms, head_dim)
     pid_s, pid_bh = b.program_id(0, name="pid_s"), b.program_id(1, name="pid_bh")
     batch_index, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
     rows = b.add(b.mul(pid_s, ROWS_PER_PROGRAM), b.arange(0, ROWS_PER_PROGRAM), name="rows")

@@ -63,8 +63,20 @@ def partition(rope: RopeOp | None, head_dim: int) -> tuple[Part, ...]:
     return tuple(parts)
 
 
-def same_partition(p: tuple[Part, ...], q: tuple[Part, ...]) -> bool:
-    return p == q
+def side_layout(transforms: list[RopeOp | QKNormOp], head_dim: int) -> tuple[Part, ...]:
+    """The parts of a side: those of its rope(s), which must agree."""
+    from attnfuse.program import ProgramError
+
+    ropes = [t for t in transforms if isinstance(t, RopeOp)]
+    layouts = [partition(r, head_dim) for r in ropes]
+    for rope, layout in zip(ropes[1:], layouts[1:]):
+        if layout != layouts[0]:
+            raise ProgramError(
+                "two attn.rope on one side must share style and rotary_dim (they are applied "
+                "to the same column pairs)",
+                rope,
+            )
+    return layouts[0] if layouts else partition(None, head_dim)
 
 
 @dataclass

@@ -87,8 +87,8 @@ def region_backward(
     for op in reversed(ops):
         if not op.results or op.results[0] not in adjoint:
             continue
-        if not _is_float(op.results[0]):
-            continue
+        if not _is_float(op.results[0]) or not any(_is_float(v) for v in op.operands):
+            continue  # constants, casts from integers, table reads: no gradient flows back
         rule = RULES.get(type(op))
         if rule is None:
             raise RegionLoweringError(op, "the backward has no derivative rule for it")
