@@ -10,7 +10,8 @@ out, lse = attention(q, k, v, return_lse=True)
 Arguments follow the program's function signature (q, k, v, then its extra operands).
 On CUDA tensors the kernels run compiled; on CPU tensors through the Triton
 interpreter. Compiled programs are cached on disk, keyed by the program text, the
-pipeline and the versions of AttnFuse, xDSL and Triton.
+pipeline, the `device` option, the versions of xDSL and Triton and a hash of the
+compiler's own source.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ class AttentionFunction:
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""
         device = self._check(args)
-        results = self._host.run(list(args), device)
+        converted = [_as_scalar(a) if not isinstance(p.type, TensorType) else a for a, p in zip(args, self.parameters)]
+        results = self._host.run(converted, device)
         if len(results) < 3:
             raise ValueError("compile with lower-to-tile{count-tiles=true} to count tiles")
         return int(results[2].item())
@@ -191,7 +193,6 @@ class AttentionFunction:
                 f"@{self.name} takes {len(self.parameters)} arguments ({names}), got {len(args)}"
             )
         device: torch.device | None = None
-        dims: dict[tuple[str, int], tuple[int, str]] = {}
         for param, arg in zip(self.parameters, args):
             where = f"argument {param.index} '{param.name}'"
             if not isinstance(param.type, TensorType):
@@ -216,7 +217,6 @@ class AttentionFunction:
                 raise AttnfuseArgumentError(f"{where}: on {arg.device}, but earlier arguments are on {device}")
         if device is None:
             raise AttnfuseArgumentError("no tensor arguments")
-        del dims
         self._check_consistent(args)
         return device
 

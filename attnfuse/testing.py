@@ -87,7 +87,7 @@ def make_inputs(
 
 def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref|, with NaN anywhere counted as infinite."""
-    diff = (out.double().cpu() - ref.double().cpu()).abs()
+    diff = (out.detach().double().cpu() - ref.detach().double().cpu()).abs()
     if torch.isnan(diff).any():
         return float("inf")
     return float(diff.max()) if diff.numel() else 0.0
@@ -97,7 +97,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None
     """Check `out` against the float64 reference with the tolerance of `dtype`
     (default: out's dtype); -inf entries (lse of empty rows) must match exactly."""
     atol, rtol = TOLERANCE[dtype or out.dtype]
-    got, want = out.double().cpu(), ref.double().cpu()
+    got, want = out.detach().double().cpu(), ref.detach().double().cpu()
     assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert not torch.isnan(got).any(), "NaN in the output"
     same_inf = (got == want) & torch.isinf(want)
@@ -134,7 +134,7 @@ GRAD_TOLERANCE: dict[torch.dtype, float] = {
 def assert_grad_close(got: torch.Tensor | None, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
     """A gradient against the float64 reference's, relative to the reference's max."""
     assert got is not None, f"{what}: no gradient"
-    got64, want64 = got.double().cpu(), want.double().cpu()
+    got64, want64 = got.detach().double().cpu(), want.detach().double().cpu()
     assert torch.isfinite(got64).all(), f"{what}: non-finite gradient"
     scale = float(want64.abs().max()) or 1.0
     err = float((got64 - want64).abs().max()) / scale

@@ -287,7 +287,13 @@ class LowerBackwardPass(ModulePass):
     memory."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for function in find_functions(op):
+        functions = find_functions(op)
+        if not functions and any(o.name == "tile.kernel" for o in op.ops):
+            raise ProgramError(
+                f"{self.name} found no attn program: the module is already lowered "
+                "(lower-backward must run before lower-to-tile)"
+            )
+        for function in functions:
             program = analyze(function)
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)

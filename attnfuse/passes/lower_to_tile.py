@@ -100,7 +100,13 @@ class LowerToTilePass(ModulePass):
     """Debug: count visited KV tiles in a buffer returned as an extra function result."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for function in find_functions(op):
+        functions = find_functions(op)
+        if not functions and any(o.name == "tile.kernel" for o in op.ops):
+            raise ProgramError(
+                f"{self.name} found no attn program: the module is already lowered "
+                "(lower-backward must run before lower-to-tile)"
+            )
+        for function in functions:
             program = analyze(function)
             if program.online is None:
                 raise ProgramError("lower-to-tile runs after online-softmax", program.scores)
