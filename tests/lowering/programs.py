@@ -34,7 +34,13 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 BLOCK = 16
 
 
-def pipeline(strategy: str = "fused", *, block_m: int = BLOCK, block_n: int = BLOCK, count_tiles: bool = False) -> str:
+def pipeline(
+    strategy: str = "fused",
+    *,
+    block_m: int = BLOCK,
+    block_n: int = BLOCK,
+    count_tiles: bool = False,
+) -> str:
     lower = "lower-to-tile{count-tiles=true}" if count_tiles else "lower-to-tile"
     return (
         f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
@@ -45,7 +51,9 @@ def pipeline(strategy: str = "fused", *, block_m: int = BLOCK, block_n: int = BL
 _COMPILED: dict[tuple[str, str], attnfuse.api.AttentionFunction] = {}
 
 
-def compile_program(text: str, strategy: str = "fused", **kw: Any) -> attnfuse.api.AttentionFunction:
+def compile_program(
+    text: str, strategy: str = "fused", **kw: Any
+) -> attnfuse.api.AttentionFunction:
     """attnfuse.api.compile with `pipeline(strategy, **kw)`, memoised per process."""
     pipe = pipeline(strategy, **kw)
     key = (text, pipe)
@@ -81,20 +89,29 @@ class Arg:
     gen: Gen
 
 
-def _randn(shape: Callable[[int, int, int], Sequence[int]], dtype: torch.dtype, scale: float = 1.0, shift: float = 0.0) -> Gen:
+def _randn(
+    shape: Callable[[int, int, int], Sequence[int]],
+    dtype: torch.dtype,
+    scale: float = 1.0,
+    shift: float = 0.0,
+) -> Gen:
     def gen(g: torch.Generator, b: int, sq: int, skv: int) -> torch.Tensor:
-        return (shift + scale * torch.randn(list(shape(b, sq, skv)), generator=g)).to(dtype)
+        return (shift + scale * torch.randn(list(shape(b, sq, skv)), generator=g)).to(
+            dtype
+        )
 
     return gen
 
 
-def segments(g: torch.Generator, batch: int, length: int, docs: int = 3) -> torch.Tensor:
+def segments(
+    g: torch.Generator, batch: int, length: int, docs: int = 3
+) -> torch.Tensor:
     """[batch, length] int32 sorted document ids, `docs` random cuts per row (some empty)."""
     ids = torch.zeros(batch, length, dtype=torch.int32)
     for row in range(batch):
         cuts = torch.randint(1, max(2, length), (docs,), generator=g).sort().values
         for cut in cuts:
-            ids[row, int(cut):] += 1
+            ids[row, int(cut) :] += 1
     return ids
 
 
@@ -122,11 +139,23 @@ class Program:
         for i in range(3):
             a = args[i]
             old = a.gen
-            args[i] = Arg(a.name, a.type, lambda g, b, sq, skv, old=old: old(g, b, sq, skv).to(torch_dt))
+            args[i] = Arg(
+                a.name,
+                a.type,
+                lambda g, b, sq, skv, old=old: old(g, b, sq, skv).to(torch_dt),
+            )
         for i, a in enumerate(args[3:], start=3):
-            if a.type.count("x") == 4 and a.type.startswith("tensor<") and "i32" not in a.type:
+            if (
+                a.type.count("x") == 4
+                and a.type.startswith("tensor<")
+                and "i32" not in a.type
+            ):
                 old = a.gen
-                args[i] = Arg(a.name, a.type, lambda g, b, sq, skv, old=old: old(g, b, sq, skv).to(torch_dt))
+                args[i] = Arg(
+                    a.name,
+                    a.type,
+                    lambda g, b, sq, skv, old=old: old(g, b, sq, skv).to(torch_dt),
+                )
         return Program(text, self.name, args, self.returns_lse, dict(self.notes))
 
 
@@ -155,9 +184,19 @@ class Builder:
         self.s: str | None = None
         self._n = 0
         dt = self.torch_dtype
-        self.args.append(Arg("q", self.qtype, _randn(lambda b, sq, skv: (b, hq, sq, self.d), dt)))
-        self.args.append(Arg("k", self.ktype, _randn(lambda b, sq, skv: (b, hkv, skv, self.d), dt)))
-        self.args.append(Arg("v", self.vtype, _randn(lambda b, sq, skv: (b, self.hv, skv, self.dv), dt)))
+        self.args.append(
+            Arg("q", self.qtype, _randn(lambda b, sq, skv: (b, hq, sq, self.d), dt))
+        )
+        self.args.append(
+            Arg("k", self.ktype, _randn(lambda b, sq, skv: (b, hkv, skv, self.d), dt))
+        )
+        self.args.append(
+            Arg(
+                "v",
+                self.vtype,
+                _randn(lambda b, sq, skv: (b, self.hv, skv, self.dv), dt),
+            )
+        )
 
     # ------------------------------------------------------------------ types
 
@@ -199,7 +238,15 @@ class Builder:
     def _sides(self, side: str) -> list[str]:
         return {"q": ["q"], "k": ["k"], "both": ["q", "k"]}[side]
 
-    def positions(self, rank: int, *, name: str = "pos", high: int = 256, seq: str = "kv", dtype: str = "i32") -> str:
+    def positions(
+        self,
+        rank: int,
+        *,
+        name: str = "pos",
+        high: int = 256,
+        seq: str = "kv",
+        dtype: str = "i32",
+    ) -> str:
         """A positions operand: [S] (rank 1) or [B, S] (rank 2), random in [0, high),
         of the q or kv length."""
         tdt = {"i32": torch.int32, "i64": torch.int64}[dtype]
@@ -212,23 +259,31 @@ class Builder:
         ty = f"tensor<?x{dtype}>" if rank == 1 else f"tensor<?x?x{dtype}>"
         return self.arg(name, ty, gen)
 
-    def rope(self, side: str = "both", *, positions: str | None = None, **options: Any) -> Builder:
+    def rope(
+        self, side: str = "both", *, positions: str | None = None, **options: Any
+    ) -> Builder:
         for which in self._sides(side):
             src = self.q if which == "q" else self.k
             ty = self.qtype if which == "q" else self.ktype
             out = self.fresh(f"{which}r")
             if positions is not None:
                 pty = next(a.type for a in self.args if f"%{a.name}" == positions)
-                self.lines.append(f"{out} = attn.rope {src} positions {positions}{fmt_options(options)} : {ty}, {pty}")
+                self.lines.append(
+                    f"{out} = attn.rope {src} positions {positions}{fmt_options(options)} : {ty}, {pty}"
+                )
             else:
-                self.lines.append(f"{out} = attn.rope {src}{fmt_options(options)} : {ty}")
+                self.lines.append(
+                    f"{out} = attn.rope {src}{fmt_options(options)} : {ty}"
+                )
             if which == "q":
                 self.q = out
             else:
                 self.k = out
         return self
 
-    def qk_norm(self, side: str = "both", *, weight: str | None = None, **options: Any) -> Builder:
+    def qk_norm(
+        self, side: str = "both", *, weight: str | None = None, **options: Any
+    ) -> Builder:
         """`weight`: None, or the weight's element type (f32, bf16, ...)."""
         for which in self._sides(side):
             src = self.q if which == "q" else self.k
@@ -236,10 +291,18 @@ class Builder:
             out = self.fresh(f"{which}n")
             if weight is not None:
                 wty = f"tensor<{self.d}x{weight}>"
-                w = self.arg(f"w{which}", wty, _randn(lambda b, sq, skv: (self.d,), DTYPES[weight], 0.1, 1.0))
-                self.lines.append(f"{out} = attn.qk_norm {src} weight {w}{fmt_options(options)} : {ty}, {wty}")
+                w = self.arg(
+                    f"w{which}",
+                    wty,
+                    _randn(lambda b, sq, skv: (self.d,), DTYPES[weight], 0.1, 1.0),
+                )
+                self.lines.append(
+                    f"{out} = attn.qk_norm {src} weight {w}{fmt_options(options)} : {ty}, {wty}"
+                )
             else:
-                self.lines.append(f"{out} = attn.qk_norm {src}{fmt_options(options)} : {ty}")
+                self.lines.append(
+                    f"{out} = attn.qk_norm {src}{fmt_options(options)} : {ty}"
+                )
             if which == "q":
                 self.q = out
             else:
@@ -264,10 +327,18 @@ class Builder:
 
     def alibi(self, *, slopes: bool = False, **options: Any) -> Builder:
         if slopes:
-            sl = self.arg("slopes", f"tensor<{self.hq}xf32>", _randn(lambda b, sq, skv: (self.hq,), torch.float32, 0.3))
-            self.s = self._score_op(f"attn.bias alibi {self._cur()} slopes {sl}{fmt_options(options)} : {self.stype}, tensor<{self.hq}xf32>")
+            sl = self.arg(
+                "slopes",
+                f"tensor<{self.hq}xf32>",
+                _randn(lambda b, sq, skv: (self.hq,), torch.float32, 0.3),
+            )
+            self.s = self._score_op(
+                f"attn.bias alibi {self._cur()} slopes {sl}{fmt_options(options)} : {self.stype}, tensor<{self.hq}xf32>"
+            )
         else:
-            self.s = self._score_op(f"attn.bias alibi {self._cur()}{fmt_options(options)} : {self.stype}")
+            self.s = self._score_op(
+                f"attn.bias alibi {self._cur()}{fmt_options(options)} : {self.stype}"
+            )
         return self
 
     def _cur(self) -> str:
@@ -276,7 +347,9 @@ class Builder:
         assert self.s is not None
         return self.s
 
-    def bias(self, shape: Sequence[str | int], *, dtype: str = "f32", name: str = "bias") -> Builder:
+    def bias(
+        self, shape: Sequence[str | int], *, dtype: str = "f32", name: str = "bias"
+    ) -> Builder:
         """A bias tensor operand: dims are 1, "?" or the head count."""
         dims = "x".join(str(d) for d in shape)
         ty = f"tensor<{dims}x{dtype}>"
@@ -286,44 +359,79 @@ class Builder:
                 return 1
             return [b, self.hq, sq, skv][i]
 
-        b_ = self.arg(name, ty, _randn(lambda b, sq, skv: [size(i, d, b, sq, skv) for i, d in enumerate(shape)], DTYPES[dtype]))
+        b_ = self.arg(
+            name,
+            ty,
+            _randn(
+                lambda b, sq, skv: [
+                    size(i, d, b, sq, skv) for i, d in enumerate(shape)
+                ],
+                DTYPES[dtype],
+            ),
+        )
         cur = self._cur()
         self.s = self._score_op(f"attn.bias tensor {cur}, {b_} : {self.stype}, {ty}")
         return self
 
     def softcap(self, cap: float) -> Builder:
         cur = self._cur()
-        self.s = self._score_op(f"attn.softcap {cur} {{cap = {fmt_value(float(cap))}}} : {self.stype}")
+        self.s = self._score_op(
+            f"attn.softcap {cur} {{cap = {fmt_value(float(cap))}}} : {self.stype}"
+        )
         return self
 
     def mask(self, kind: str, *operands: str, **options: Any) -> Builder:
         cur = self._cur()
         if operands:
-            types = [next(a.type for a in self.args if f"%{a.name}" == o) for o in operands]
+            types = [
+                next(a.type for a in self.args if f"%{a.name}" == o) for o in operands
+            ]
             self.s = self._score_op(
                 f"attn.mask {kind} {cur}, {', '.join(operands)}{fmt_options(options)} : {self.stype}, {', '.join(types)}"
             )
         else:
-            self.s = self._score_op(f"attn.mask {kind} {cur}{fmt_options(options)} : {self.stype}")
+            self.s = self._score_op(
+                f"attn.mask {kind} {cur}{fmt_options(options)} : {self.stype}"
+            )
         return self
 
-    def doc_ids(self, name: str = "doc", *, seq: str = "kv", docs: int = 3, dtype: str = "i32", batch1: bool = False) -> str:
+    def doc_ids(
+        self,
+        name: str = "doc",
+        *,
+        seq: str = "kv",
+        docs: int = 3,
+        dtype: str = "i32",
+        batch1: bool = False,
+    ) -> str:
         """A [B, S] document-ids operand (sorted segments) of the q or kv length
         (`batch1`: one row [1, S] shared by the batch)."""
         tdt = {"i32": torch.int32, "i64": torch.int64}[dtype]
 
         def gen(g: torch.Generator, b: int, sq: int, skv: int) -> torch.Tensor:
-            return segments(g, 1 if batch1 else b, sq if seq == "q" else skv, docs).to(tdt)
+            return segments(g, 1 if batch1 else b, sq if seq == "q" else skv, docs).to(
+                tdt
+            )
 
         return self.arg(name, f"tensor<?x?x{dtype}>", gen)
 
     def prefix_lengths(self, name: str = "plen") -> str:
-        return self.arg(name, "tensor<?xi32>", lambda g, b, sq, skv: torch.randint(0, skv + 1, (b,), generator=g, dtype=torch.int32))
+        return self.arg(
+            name,
+            "tensor<?xi32>",
+            lambda g, b, sq, skv: torch.randint(
+                0, skv + 1, (b,), generator=g, dtype=torch.int32
+            ),
+        )
 
-    def table(self, name: str, n: int, dtype: str = "f32", gen: Gen | None = None) -> str:
+    def table(
+        self, name: str, n: int, dtype: str = "f32", gen: Gen | None = None
+    ) -> str:
         if gen is None:
             if dtype.startswith("i"):
-                gen = lambda g, b, sq, skv: torch.randint(0, 40, (n,), generator=g, dtype=torch.int32)  # noqa: E731
+                gen = lambda g, b, sq, skv: torch.randint(
+                    0, 40, (n,), generator=g, dtype=torch.int32
+                )
             else:
                 gen = _randn(lambda b, sq, skv: (n,), DTYPES[dtype])
         return self.arg(name, f"tensor<{n}x{dtype}>", gen)
@@ -331,11 +439,22 @@ class Builder:
     def _region(self, head: str, body: str, captures: Sequence[str]) -> tuple[str, str]:
         self._n += 1
         n = str(self._n)
-        cap_types = [next(a.type for a in self.args if f"%{a.name}" == c) for c in captures]
-        block_args = [f"%b{n}: index", f"%h{n}: index", f"%q{n}: index", f"%kv{n}: index"]
+        cap_types = [
+            next(a.type for a in self.args if f"%{a.name}" == c) for c in captures
+        ]
+        block_args = [
+            f"%b{n}: index",
+            f"%h{n}: index",
+            f"%q{n}: index",
+            f"%kv{n}: index",
+        ]
         block_args += [f"%c{i}{n}: {t}" for i, t in enumerate(cap_types)]
         lines = body.strip().replace("$", n).splitlines()
-        region = "\n".join(["  ^bb0(" + head.replace("$", n) + ", ".join(block_args) + "):"] + ["    " + ln.strip() for ln in lines] + ["  }"])
+        region = "\n".join(
+            ["  ^bb0(" + head.replace("$", n) + ", ".join(block_args) + "):"]
+            + ["    " + ln.strip() for ln in lines]
+            + ["  }"]
+        )
         operands = "".join(f", {c}" for c in captures)
         types = "".join(f", {t}" for t in cap_types)
         return operands + " : " + self.stype + types + " {\n" + region, n
@@ -354,23 +473,41 @@ class Builder:
 
     # ------------------------------------------------------------------ close
 
-    def build(self, *, sinks: bool = False, lse: bool = False, dropout: float | None = None) -> Program:
+    def build(
+        self, *, sinks: bool = False, lse: bool = False, dropout: float | None = None
+    ) -> Program:
         cur = self._cur()
         sink_text, sink_type = "", ""
         if sinks:
-            sk = self.arg("sinks", f"tensor<{self.hq}xf32>", _randn(lambda b, sq, skv: (self.hq,), torch.float32, 1.0, 0.5))
+            sk = self.arg(
+                "sinks",
+                f"tensor<{self.hq}xf32>",
+                _randn(lambda b, sq, skv: (self.hq,), torch.float32, 1.0, 0.5),
+            )
             sink_text, sink_type = f" sinks {sk}", f", tensor<{self.hq}xf32>"
         lse_type = f"tensor<?x{self.hq}x?xf32>"
         if lse:
-            self.lines.append(f"%p, %lse = attn.softmax {cur}{sink_text} : {self.stype}{sink_type} -> {self.ptype}, {lse_type}")
+            self.lines.append(
+                f"%p, %lse = attn.softmax {cur}{sink_text} : {self.stype}{sink_type} -> {self.ptype}, {lse_type}"
+            )
         else:
-            self.lines.append(f"%p = attn.softmax {cur}{sink_text} : {self.stype}{sink_type} -> {self.ptype}")
+            self.lines.append(
+                f"%p = attn.softmax {cur}{sink_text} : {self.stype}{sink_type} -> {self.ptype}"
+            )
         probs = "%p"
         if dropout is not None:
-            seed = self.arg("seed", "i64", lambda g, b, sq, skv: int(torch.randint(0, 2**40, (1,), generator=g)))
-            self.lines.append(f"%pd = attn.dropout %p, {seed} {{p = {fmt_value(float(dropout))}}} : {self.ptype}, i64")
+            seed = self.arg(
+                "seed",
+                "i64",
+                lambda g, b, sq, skv: int(torch.randint(0, 2**40, (1,), generator=g)),
+            )
+            self.lines.append(
+                f"%pd = attn.dropout %p, {seed} {{p = {fmt_value(float(dropout))}}} : {self.ptype}, i64"
+            )
             probs = "%pd"
-        self.lines.append(f"%o = attn.weighted_sum {probs}, %v : {self.ptype}, {self.vtype} -> {self.otype}")
+        self.lines.append(
+            f"%o = attn.weighted_sum {probs}, %v : {self.ptype}, {self.vtype} -> {self.otype}"
+        )
         if lse:
             self.lines.append(f"func.return %o, %lse : {self.otype}, {lse_type}")
             results = f"({self.otype}, {lse_type})"
@@ -380,7 +517,9 @@ class Builder:
         params = ",\n    ".join(f"%{a.name}: {a.type}" for a in self.args)
         body = "\n".join("  " + ln.replace("\n", "\n  ") for ln in self.lines)
         text = f"func.func @{self.name}(\n    {params}) -> {results} {{\n{body}\n}}\n"
-        return Program(text, self.name, list(self.args), returns_lse=lse, notes={"scores": cur[1:]})
+        return Program(
+            text, self.name, list(self.args), returns_lse=lse, notes={"scores": cur[1:]}
+        )
 
 
 def plain(**kw: Any) -> Builder:
@@ -426,7 +565,7 @@ def check(
     got = fn(*args, return_lse=check_lse)
     want = reference.run(program.text, *args)
     dtype = args[0].dtype
-    out, lse = (got if isinstance(got, tuple) else (got, None))
+    out, lse = got if isinstance(got, tuple) else (got, None)
     if isinstance(want, tuple):
         want_out, want_lse = want
     else:
@@ -463,30 +602,39 @@ def reference_lse(program: Program | str, args: Sequence[Any]) -> torch.Tensor:
     out_lines = []
     hq = None
     for line in lines:
-        m = re.match(r"(\s*)%p = attn\.softmax (.*) -> (!attn\.probs<\?x(\d+)x\?x\?xf32>)$", line)
+        m = re.match(
+            r"(\s*)%p = attn\.softmax (.*) -> (!attn\.probs<\?x(\d+)x\?x\?xf32>)$", line
+        )
         if m:
             hq = m.group(4)
             line = f"{m.group(1)}%p, %lse = attn.softmax {m.group(2)} -> {m.group(3)}, tensor<?x{hq}x?xf32>"
         r = re.match(r"(\s*)func\.return %o : (.*)$", line)
         if r:
-            line = f"{r.group(1)}func.return %o, %lse : {r.group(2)}, tensor<?x{hq}x?xf32>"
+            line = (
+                f"{r.group(1)}func.return %o, %lse : {r.group(2)}, tensor<?x{hq}x?xf32>"
+            )
         out_lines.append(line)
     new = "\n".join(out_lines)
-    new = re.sub(r"\) -> (tensor<[^>]*>) \{", lambda m: f") -> ({m.group(1)}, tensor<?x{hq}x?xf32>) {{", new, count=1)
+    new = re.sub(
+        r"\) -> (tensor<[^>]*>) \{",
+        lambda m: f") -> ({m.group(1)}, tensor<?x{hq}x?xf32>) {{",
+        new,
+        count=1,
+    )
     return reference.run(new, *args)[1]
 
 
 __all__ = [
     "BLOCK",
-    "Builder",
     "DTYPES",
-    "Program",
     "STRATEGIES",
+    "Builder",
+    "Program",
     "check",
     "compile_program",
+    "empty_rows",
     "pipeline",
     "plain",
-    "empty_rows",
     "reference_lse",
     "run_both",
     "segments",

@@ -13,12 +13,17 @@ from typing import Any
 
 import pytest
 import torch
+from programs import Builder, Program, compile_program, pipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
-import attnfuse.api as api
+from attnfuse import api
 from attnfuse.api import AttnfuseArgumentError
-from attnfuse.pass_manager import MissingPrerequisiteError, PassCrashError, PipelineError, UnknownPassError
-from programs import Builder, Program, compile_program, pipeline
+from attnfuse.pass_manager import (
+    MissingPrerequisiteError,
+    PassCrashError,
+    PipelineError,
+    UnknownPassError,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -39,7 +44,9 @@ def _args(p: Program, batch: int = 2, sq: int = 9, skv: int = 9) -> list[Any]:
 def test_wrong_number_of_arguments(plain: tuple[Program, Any]) -> None:
     p, fn = plain
     args = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match=r"@f takes 3 arguments \(q, k, v\), got 2"):
+    with pytest.raises(
+        AttnfuseArgumentError, match=r"@f takes 3 arguments \(q, k, v\), got 2"
+    ):
         fn(*args[:2])
     with pytest.raises(AttnfuseArgumentError, match="got 4"):
         fn(*args, args[0])
@@ -48,7 +55,12 @@ def test_wrong_number_of_arguments(plain: tuple[Program, Any]) -> None:
 def test_wrong_rank(plain: tuple[Program, Any]) -> None:
     p, fn = plain
     q, k, v = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match=re.escape("argument 0 'q': expected shape [?, 4, ?, 64] torch.float32, got (2, 4, 9)")):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match=re.escape(
+            "argument 0 'q': expected shape [?, 4, ?, 64] torch.float32, got (2, 4, 9)"
+        ),
+    ):
         fn(q[..., 0], k, v)
 
 
@@ -60,7 +72,9 @@ def test_wrong_rank(plain: tuple[Program, Any]) -> None:
         (2, (2, 4, 9, 64), "argument 2 'v': expected shape [?, 2, ?, 64]"),
     ],
 )
-def test_wrong_static_dim(plain: tuple[Program, Any], index: int, shape: tuple[int, ...], expected: str) -> None:
+def test_wrong_static_dim(
+    plain: tuple[Program, Any], index: int, shape: tuple[int, ...], expected: str
+) -> None:
     p, fn = plain
     args = _args(p)
     args[index] = torch.randn(shape)
@@ -71,21 +85,28 @@ def test_wrong_static_dim(plain: tuple[Program, Any], index: int, shape: tuple[i
 def test_wrong_dtype(plain: tuple[Program, Any]) -> None:
     p, fn = plain
     q, k, v = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match=r"argument 1 'k': expected dtype torch.float32, got torch.float16"):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match=r"argument 1 'k': expected dtype torch.float32, got torch.float16",
+    ):
         fn(q, k.half(), v)
 
 
 def test_not_a_tensor(plain: tuple[Program, Any]) -> None:
     p, fn = plain
     q, k, v = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match=r"argument 2 'v': expected a tensor .* got list"):
+    with pytest.raises(
+        AttnfuseArgumentError, match=r"argument 2 'v': expected a tensor .* got list"
+    ):
         fn(q, k, v.tolist())
 
 
 def test_kv_length_mismatch(plain: tuple[Program, Any]) -> None:
     p, fn = plain
     q, k, v = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match="k and v sequence lengths differ: 9 vs 8"):
+    with pytest.raises(
+        AttnfuseArgumentError, match="k and v sequence lengths differ: 9 vs 8"
+    ):
         fn(q, k, v[:, :, :8])
 
 
@@ -100,7 +121,10 @@ def test_mixed_devices_meta(plain: tuple[Program, Any]) -> None:
     """Checked before anything runs, so a meta tensor shows it without a GPU."""
     p, fn = plain
     q, k, v = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match="argument 2 'v': on meta, but earlier arguments are on cpu"):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match="argument 2 'v': on meta, but earlier arguments are on cpu",
+    ):
         fn(q, k, v.to("meta"))
 
 
@@ -116,9 +140,14 @@ def test_seed_must_be_integer() -> None:
     p = Builder().build(dropout=0.1)
     fn = compile_program(p.text)
     q, k, v, _ = _args(p)
-    with pytest.raises(AttnfuseArgumentError, match="argument 3 'seed': expected an integer, got float"):
+    with pytest.raises(
+        AttnfuseArgumentError, match="argument 3 'seed': expected an integer, got float"
+    ):
         fn(q, k, v, 1.5)
-    with pytest.raises(AttnfuseArgumentError, match=r"argument 3 'seed': expected a scalar i64, got a tensor of shape \(2,\)"):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match=r"argument 3 'seed': expected a scalar i64, got a tensor of shape \(2,\)",
+    ):
         fn(q, k, v, torch.tensor([1, 2]))
 
 
@@ -129,11 +158,19 @@ def test_extra_operand_static_shape() -> None:
     fn = compile_program(p.text)
     args = _args(p)
     args[3] = torch.randn(3)
-    with pytest.raises(AttnfuseArgumentError, match=re.escape("argument 3 'slopes': expected shape [4] torch.float32, got (3,)")):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match=re.escape(
+            "argument 3 'slopes': expected shape [4] torch.float32, got (3,)"
+        ),
+    ):
         fn(*args)
     args = _args(p)
     args[4] = args[4].double()
-    with pytest.raises(AttnfuseArgumentError, match="argument 4 'sinks': expected dtype torch.float32, got torch.float64"):
+    with pytest.raises(
+        AttnfuseArgumentError,
+        match="argument 4 'sinks': expected dtype torch.float32, got torch.float64",
+    ):
         fn(*args)
 
 
@@ -159,7 +196,11 @@ def _bias_program() -> Program:
 
 def _weight_program() -> Program:
     b = Builder()
-    w = b.arg("wq", "tensor<?xf32>", lambda g, bb, sq, skv: 1.0 + 0.1 * torch.randn(64, generator=g))
+    w = b.arg(
+        "wq",
+        "tensor<?xf32>",
+        lambda g, bb, sq, skv: 1.0 + 0.1 * torch.randn(64, generator=g),
+    )
     b.lines.append(f"%qn0 = attn.qk_norm %q weight {w} : {b.qtype}, tensor<?xf32>")
     b.q = "%qn0"
     return b.build()
@@ -189,7 +230,13 @@ _NO_DYNAMIC_DIM_CHECK = pytest.mark.xfail(
         (_weight_program, lambda a: a[3][:16], "'wq'"),
         (_plen_program, lambda a: torch.cat([a[3], a[3]]), "'plen'"),
     ],
-    ids=["doc_ids_length", "positions_length", "bias_seq_dims", "norm_weight_length", "prefix_batch"],
+    ids=[
+        "doc_ids_length",
+        "positions_length",
+        "bias_seq_dims",
+        "norm_weight_length",
+        "prefix_batch",
+    ],
 )
 @_NO_DYNAMIC_DIM_CHECK
 def test_extra_operand_dynamic_dims(make: Any, bad: Any, needle: str) -> None:
@@ -201,7 +248,11 @@ def test_extra_operand_dynamic_dims(make: Any, bad: Any, needle: str) -> None:
         fn(*args)
 
 
-@pytest.mark.parametrize("make,needle", [(_doc_program, "'doc'"), (_pos_program, "'pos'")], ids=["doc_ids", "positions"])
+@pytest.mark.parametrize(
+    "make,needle",
+    [(_doc_program, "'doc'"), (_pos_program, "'pos'")],
+    ids=["doc_ids", "positions"],
+)
 @_NO_DYNAMIC_DIM_CHECK
 def test_shared_operand_needs_equal_lengths(make: Any, needle: str) -> None:
     """One ids / positions operand serves queries and keys, so it needs Sq == Skv: with
@@ -222,25 +273,36 @@ def test_argument_error_is_value_error() -> None:
 
 def _two_outputs(base: str, extra: str) -> str:
     out = "tensor<?x4x?x64xf32>"
-    text = base.replace(f"func.return %o : {out}", f"{extra}\n  func.return %o, %o2 : {out}, {out}")
+    text = base.replace(
+        f"func.return %o : {out}", f"{extra}\n  func.return %o, %o2 : {out}, {out}"
+    )
     return text.replace(f") -> {out} {{", f") -> ({out}, {out}) {{")
 
 
 def test_scores_used_twice() -> None:
     base = Builder().build().text
-    text = _two_outputs(base, (
-        "%p2 = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>\n"
-        "  %o2 = attn.weighted_sum %p2, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
-    ))
-    with pytest.raises(DiagnosticException, match="attn.scores result must have exactly one use .* found 2"):
+    text = _two_outputs(
+        base,
+        (
+            "%p2 = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>\n"
+            "  %o2 = attn.weighted_sum %p2, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
+        ),
+    )
+    with pytest.raises(
+        DiagnosticException,
+        match="attn.scores result must have exactly one use .* found 2",
+    ):
         api.compile(text, pipeline=pipeline())
 
 
 def test_probs_used_twice() -> None:
     base = Builder().build().text
-    text = _two_outputs(base, (
-        "%o2 = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
-    ))
+    text = _two_outputs(
+        base,
+        (
+            "%o2 = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
+        ),
+    )
     with pytest.raises(DiagnosticException, match="exactly one use"):
         api.compile(text, pipeline=pipeline())
 
@@ -248,18 +310,24 @@ def test_probs_used_twice() -> None:
 def test_rope_result_used_twice() -> None:
     b = Builder().rope("q")
     p = b.build()
-    text = _two_outputs(p.text, (
-        "%s9 = attn.scores %qr1, %k : tensor<?x4x?x64xf32>, tensor<?x2x?x64xf32> -> !attn.scores<?x4x?x?xf32>\n"
-        "  %p9 = attn.softmax %s9 : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>\n"
-        "  %o2 = attn.weighted_sum %p9, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
-    ))
+    text = _two_outputs(
+        p.text,
+        (
+            "%s9 = attn.scores %qr1, %k : tensor<?x4x?x64xf32>, tensor<?x2x?x64xf32> -> !attn.scores<?x4x?x?xf32>\n"
+            "  %p9 = attn.softmax %s9 : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>\n"
+            "  %o2 = attn.weighted_sum %p9, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>"
+        ),
+    )
     with pytest.raises(DiagnosticException, match="exactly one"):
         api.compile(text, pipeline=pipeline())
 
 
 def test_return_extra_value() -> None:
     base = Builder().build().text
-    text = _two_outputs(base, "%o2 = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>")
+    text = _two_outputs(
+        base,
+        "%o2 = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>",
+    )
     with pytest.raises(DiagnosticException):
         api.compile(text, pipeline=pipeline())
 
@@ -267,9 +335,17 @@ def test_return_extra_value() -> None:
 @pytest.mark.parametrize(
     "body,needle",
     [
-        ("%keep$ = arith.cmpi ult, %kv$, %q$ : index\nattn.yield %keep$ : i1", "unsigned comparisons are not supported"),
-        ("%c$ = arith.constant 2 : index\n%r$ = arith.divui %kv$, %c$ : index\n"
-         "%keep$ = arith.cmpi sle, %r$, %q$ : index\nattn.yield %keep$ : i1", "cannot lower arith.divui"),
+        (
+            "%keep$ = arith.cmpi ult, %kv$, %q$ : index\nattn.yield %keep$ : i1",
+            "unsigned comparisons are not supported",
+        ),
+        (
+            (
+                "%c$ = arith.constant 2 : index\n%r$ = arith.divui %kv$, %c$ : index\n"
+                "%keep$ = arith.cmpi sle, %r$, %q$ : index\nattn.yield %keep$ : i1"
+            ),
+            "cannot lower arith.divui",
+        ),
     ],
     ids=["unsigned_compare", "divui"],
 )
@@ -287,8 +363,12 @@ def test_parse_error_is_located() -> None:
 
 
 def test_verification_error_is_located() -> None:
-    text = Builder().build().text.replace("tensor<?x2x?x64xf32>", "tensor<?x3x?x64xf32>")
-    with pytest.raises(DiagnosticException, match=r"<program>:\d+:\d+: error: .*multiple of key heads"):
+    text = (
+        Builder().build().text.replace("tensor<?x2x?x64xf32>", "tensor<?x3x?x64xf32>")
+    )
+    with pytest.raises(
+        DiagnosticException, match=r"<program>:\d+:\d+: error: .*multiple of key heads"
+    ):
         api.compile(text, pipeline=pipeline())
 
 
@@ -303,7 +383,10 @@ def test_pipeline_errors() -> None:
 @pytest.mark.parametrize(
     "pipe,needle",
     [
-        (pipeline().replace("block-m=16", "block-m=24"), "block-m must be a power of two"),
+        (
+            pipeline().replace("block-m=16", "block-m=24"),
+            "block-m must be a power of two",
+        ),
         (pipeline("bogus"), "strategy must be one of"),
     ],
     ids=["block_size", "strategy"],

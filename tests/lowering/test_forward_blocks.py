@@ -13,12 +13,21 @@ from typing import Any
 
 import pytest
 import torch
-
-import attnfuse.backends.triton.runtime as runtime
-from attnfuse import reference
+from programs import (
+    STRATEGIES,
+    Builder,
+    Program,
+    check,
+    compile_program,
+    empty_rows,
+    pipeline,
+    reference_lse,
+)
 from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse import reference
+from attnfuse.backends.triton import runtime
 from attnfuse.testing import assert_close
-from programs import STRATEGIES, Builder, Program, check, compile_program, empty_rows, pipeline, reference_lse
 
 CAUSAL = {"kind": "causal"}
 SHAPES_NE = [(29, 45), (45, 29)]
@@ -32,12 +41,30 @@ ROPE_VARIANTS: dict[str, dict[str, Any]] = {
     "partial_interleaved": {"style": "interleaved", "rotary_dim": 16},
     "offset": {"offset": 100},
     "linear": {"scaling": "linear", "factor": 4.0},
-    "llama3": {"theta": 500000.0, "scaling": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position": 8192},
-    "yarn": {"theta": 150000.0, "scaling": "yarn", "factor": 32.0, "original_max_position": 4096,
-             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": 0},
-    "yarn_truncate_factor": {"scaling": "yarn", "factor": 8.0, "original_max_position": 256,
-                             "truncate": 1, "attention_factor": 1.25},
+    "llama3": {
+        "theta": 500000.0,
+        "scaling": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position": 8192,
+    },
+    "yarn": {
+        "theta": 150000.0,
+        "scaling": "yarn",
+        "factor": 32.0,
+        "original_max_position": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": 0,
+    },
+    "yarn_truncate_factor": {
+        "scaling": "yarn",
+        "factor": 8.0,
+        "original_max_position": 256,
+        "truncate": 1,
+        "attention_factor": 1.25,
+    },
 }
 
 
@@ -63,7 +90,9 @@ def test_rope_separate_positions_sq_ne_skv(strategy: str) -> None:
     b = Builder()
     qpos = b.positions(2, name="qpos", seq="q", dtype="i64")
     kpos = b.positions(1, name="kpos", seq="kv")
-    b.rope("q", positions=qpos, style="interleaved").rope("k", positions=kpos, style="interleaved")
+    b.rope("q", positions=qpos, style="interleaved").rope(
+        "k", positions=kpos, style="interleaved"
+    )
     p = b.mask("causal", align="bottom_right").build()
     check(p, strategy=strategy, q_len=29, kv_len=45)
 
@@ -105,12 +134,18 @@ def _two_rope_cases() -> list[Any]:
     for name, (first, second) in variants.items():
         for strategy in STRATEGIES:
             marks = [_TWO_ROPES_WRONG] if name != "same_layout" else []
-            cases.append(pytest.param(first, second, strategy, id=f"{name}-{strategy}", marks=marks))
+            cases.append(
+                pytest.param(
+                    first, second, strategy, id=f"{name}-{strategy}", marks=marks
+                )
+            )
     return cases
 
 
 @pytest.mark.parametrize("first,second,strategy", _two_rope_cases())
-def test_two_ropes_on_one_side(first: dict[str, Any], second: dict[str, Any], strategy: str) -> None:
+def test_two_ropes_on_one_side(
+    first: dict[str, Any], second: dict[str, Any], strategy: str
+) -> None:
     """Two rotations in a row on Q and K (legal IR: rope composes). The kernel must pair
     the dims of each rope by that rope's own style and rotary_dim."""
     p = Builder().rope(**first).rope(**second).mask("causal").build()
@@ -158,7 +193,9 @@ def test_scale(scale: float | None) -> None:
     check(p)
 
 
-@pytest.mark.parametrize("hq,hkv,hv", [(4, 4, 4), (4, 2, 2), (4, 1, 1), (4, 2, 1), (4, 1, 4)])
+@pytest.mark.parametrize(
+    "hq,hkv,hv", [(4, 4, 4), (4, 2, 2), (4, 1, 1), (4, 2, 1), (4, 1, 4)]
+)
 def test_heads(hq: int, hkv: int, hv: int) -> None:
     """MHA, GQA, MQA; V may have other head counts than K."""
     p = Builder(hq=hq, hkv=hkv, hv=hv).rope().mask("causal").build()
@@ -186,7 +223,10 @@ def test_rotary_dim_extremes(rd: int, style: str) -> None:
     check(Builder().rope(style=style, rotary_dim=rd).build())
 
 
-@pytest.mark.parametrize("d,dv,rope", [(64, 32, False), (64, 80, True), (32, 128, True), (128, 64, True), (64, 8, False)])
+@pytest.mark.parametrize(
+    "d,dv,rope",
+    [(64, 32, False), (64, 80, True), (32, 128, True), (128, 64, True), (64, 8, False)],
+)
 def test_v_head_dim(d: int, dv: int, rope: bool) -> None:
     b = Builder(d=d, dv=dv)
     if rope:
@@ -198,8 +238,13 @@ def test_v_dtype_differs() -> None:
     """q/k in f32, v (and so the output) in f16."""
     p = Builder().mask("causal").build()
     text = p.text.replace("%v: tensor<?x2x?x64xf32>", "%v: tensor<?x2x?x64xf16>")
-    text = text.replace("tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>", "tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>")
-    text = text.replace("func.return %o : tensor<?x4x?x64xf32>", "func.return %o : tensor<?x4x?x64xf16>")
+    text = text.replace(
+        "tensor<?x2x?x64xf32> -> tensor<?x4x?x64xf32>",
+        "tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>",
+    )
+    text = text.replace(
+        "func.return %o : tensor<?x4x?x64xf32>", "func.return %o : tensor<?x4x?x64xf16>"
+    )
     text = text.replace(") -> tensor<?x4x?x64xf32> {", ") -> tensor<?x4x?x64xf16> {")
     args = p.inputs(2, 37, 37)
     args[2] = args[2].half()
@@ -256,7 +301,14 @@ def test_alibi_slopes_operand() -> None:
 
 @pytest.mark.parametrize(
     "shape",
-    [("?", 4, "?", "?"), (1, 4, "?", "?"), ("?", 1, "?", "?"), (1, 1, "?", "?"), ("?", 1, 1, "?"), (1, 4, "?", 1)],
+    [
+        ("?", 4, "?", "?"),
+        (1, 4, "?", "?"),
+        ("?", 1, "?", "?"),
+        (1, 1, "?", "?"),
+        ("?", 1, 1, "?"),
+        (1, 4, "?", 1),
+    ],
     ids=lambda s: "x".join(str(d) for d in s),
 )
 def test_bias_tensor_broadcast(shape: tuple[Any, ...]) -> None:
@@ -273,7 +325,9 @@ def test_bias_tensor_expanded_view() -> None:
     """A bias passed as an expanded (stride-0) view of a [1, 1, 1, Skv] tensor."""
     p = Builder().bias(("?", 4, "?", "?")).build()
     args = p.inputs(2, 37, 37)
-    args[3] = torch.randn(1, 1, 1, 37, generator=torch.Generator().manual_seed(3)).expand(2, 4, 37, 37)
+    args[3] = torch.randn(
+        1, 1, 1, 37, generator=torch.Generator().manual_seed(3)
+    ).expand(2, 4, 37, 37)
     check(p, args=args)
 
 
@@ -297,7 +351,14 @@ def test_softcap() -> None:
 
 def test_softcap_then_mask() -> None:
     """Gemma 2's order: cap the logits, then mask (masks can skip tiles)."""
-    check(Builder().rope().softcap(20.0).mask("causal").mask("sliding_window", left=20).build())
+    check(
+        Builder()
+        .rope()
+        .softcap(20.0)
+        .mask("causal")
+        .mask("sliding_window", left=20)
+        .build()
+    )
 
 
 @pytest.mark.parametrize("kind", ["causal", "sliding_window"])
@@ -354,7 +415,12 @@ def test_sliding_window(window: str, sq: int, skv: int, align: str) -> None:
 def test_causal_and_window_mixed_alignment(sq: int, skv: int) -> None:
     """Bands of different alignments do not merge: one plans the walk, the other is
     applied elementwise."""
-    p = Builder().mask("causal", align="bottom_right").mask("sliding_window", left=9).build()
+    p = (
+        Builder()
+        .mask("causal", align="bottom_right")
+        .mask("sliding_window", left=9)
+        .build()
+    )
     check(p, q_len=sq, kv_len=skv, check_lse=True)
 
 
@@ -366,7 +432,12 @@ def test_causal_then_window_merged() -> None:
 
 @pytest.mark.parametrize("sq,skv", SHAPES_NE)
 def test_causal_and_window_bottom_right_merged(sq: int, skv: int) -> None:
-    p = Builder().mask("causal", align="bottom_right").mask("sliding_window", left=6, align="bottom_right").build()
+    p = (
+        Builder()
+        .mask("causal", align="bottom_right")
+        .mask("sliding_window", left=6, align="bottom_right")
+        .build()
+    )
     check(p, q_len=sq, kv_len=skv, check_lse=True)
 
 
@@ -398,7 +469,13 @@ def test_key_padding_mask(dtype: str) -> None:
 def test_per_batch_lengths() -> None:
     """Variable key lengths per batch row (a [B] tensor) plus causal."""
     b = Builder()
-    lens = b.arg("lens", "tensor<?xi32>", lambda g, bb, sq, skv: torch.randint(1, skv + 1, (bb,), generator=g, dtype=torch.int32))
+    lens = b.arg(
+        "lens",
+        "tensor<?xi32>",
+        lambda g, bb, sq, skv: torch.randint(
+            1, skv + 1, (bb,), generator=g, dtype=torch.int32
+        ),
+    )
     body = """
         %n$ = tensor.extract %c0$[%b$] : tensor<?xi32>
         %ni$ = arith.index_cast %n$ : i32 to index
@@ -434,7 +511,7 @@ def test_document_two_operands() -> None:
     b = Builder()
     qids = b.doc_ids("qdoc", seq="q", docs=4)
     kids = b.doc_ids("kdoc", seq="kv", docs=2, dtype="i64")
-    out, lse = check(b.mask("document", qids, kids).build(), q_len=29, kv_len=45, check_lse=True)
+    check(b.mask("document", qids, kids).build(), q_len=29, kv_len=45, check_lse=True)
 
 
 def test_document_broadcast_ids() -> None:
@@ -473,7 +550,12 @@ def test_prefix_lm_operand(sq: int, skv: int) -> None:
 
 
 def test_prefix_lm_static_sq_ne_skv() -> None:
-    check(Builder().mask("prefix_lm", prefix=20).build(), q_len=29, kv_len=45, check_lse=True)
+    check(
+        Builder().mask("prefix_lm", prefix=20).build(),
+        q_len=29,
+        kv_len=45,
+        check_lse=True,
+    )
 
 
 def test_prefix_lm_with_window() -> None:
@@ -642,7 +724,11 @@ def test_score_mod_scalar_capture() -> None:
 def test_score_mod_2d_table() -> None:
     """A [H, Skv] table gathered by (h, kv)."""
     b = Builder()
-    tab = b.arg("tab", "tensor<4x?xf32>", lambda g, bb, sq, skv: torch.randn(4, skv, generator=g))
+    tab = b.arg(
+        "tab",
+        "tensor<4x?xf32>",
+        lambda g, bb, sq, skv: torch.randn(4, skv, generator=g),
+    )
     body = """
         %w$ = tensor.extract %c0$[%h$, %kv$] : tensor<4x?xf32>
         %y$ = arith.addf %x$, %w$ : f32
@@ -723,15 +809,29 @@ def _empty_rows_program(kind: str, sinks: bool) -> tuple[Program, int, int]:
         """)
         return b.build(sinks=sinks), 37, 37
     if kind == "document_two_ids":  # query documents that no key belongs to
-        qids = b.arg("qdoc", "tensor<?x?xi32>", lambda g, bb, sq, skv: torch.arange(sq, dtype=torch.int32).div(8, rounding_mode="floor").repeat(bb, 1))
-        kids = b.arg("kdoc", "tensor<?x?xi32>", lambda g, bb, sq, skv: torch.full((bb, skv), 2, dtype=torch.int32))
+        qids = b.arg(
+            "qdoc",
+            "tensor<?x?xi32>",
+            lambda g, bb, sq, skv: (
+                torch.arange(sq, dtype=torch.int32)
+                .div(8, rounding_mode="floor")
+                .repeat(bb, 1)
+            ),
+        )
+        kids = b.arg(
+            "kdoc",
+            "tensor<?x?xi32>",
+            lambda g, bb, sq, skv: torch.full((bb, skv), 2, dtype=torch.int32),
+        )
         b.mask("document", qids, kids)
         return b.build(sinks=sinks), 37, 29
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("sinks", [False, True], ids=["no_sinks", "sinks"])
-@pytest.mark.parametrize("kind", ["causal_bottom_right", "custom_rows", "future_only", "document_two_ids"])
+@pytest.mark.parametrize(
+    "kind", ["causal_bottom_right", "custom_rows", "future_only", "document_two_ids"]
+)
 def test_fully_masked_rows(kind: str, sinks: bool) -> None:
     """Rows with no kept key: output 0, lse -inf (with sinks: lse = sink), never NaN."""
     p, sq, skv = _empty_rows_program(kind, sinks)
@@ -753,7 +853,12 @@ def test_fully_masked_rows(kind: str, sinks: bool) -> None:
 
 @pytest.mark.parametrize(
     "p_drop,sq,skv,mask",
-    [(0.1, 37, 37, "causal"), (0.5, 37, 37, None), (0.3, 29, 45, "causal_br"), (0.2, 45, 29, None)],
+    [
+        (0.1, 37, 37, "causal"),
+        (0.5, 37, 37, None),
+        (0.3, 29, 45, "causal_br"),
+        (0.2, 45, 29, None),
+    ],
 )
 def test_dropout(p_drop: float, sq: int, skv: int, mask: str | None) -> None:
     b = Builder()
@@ -792,7 +897,11 @@ def test_dropout_seed_changes_mask() -> None:
 def _dtype_programs() -> dict[str, Program]:
     return {
         "rope_gqa": Builder().rope().mask("causal").build(),
-        "alibi_softcap_window": Builder().alibi().softcap(30.0).mask("sliding_window", left=9, right=0).build(sinks=True),
+        "alibi_softcap_window": Builder()
+        .alibi()
+        .softcap(30.0)
+        .mask("sliding_window", left=9, right=0)
+        .build(sinks=True),
         "norm_bias": Builder().qk_norm(weight="f32").bias((1, 4, "?", "?")).build(),
     }
 
@@ -814,14 +923,18 @@ def test_dtypes_prekernels(dtype: str, strategy: str) -> None:
 # ============================================================================ everything at once
 
 
-@pytest.mark.parametrize("dtype,strategy", [("f32", "fused"), ("f16", "hybrid"), ("bf16", "separate")])
+@pytest.mark.parametrize(
+    "dtype,strategy", [("f32", "fused"), ("f16", "hybrid"), ("bf16", "separate")]
+)
 def test_everything(dtype: str, strategy: str) -> None:
     """Norm + scaled RoPE with positions, ALiBi + bias tensor, softcap, prefix-lm and a
     bottom-right window, sinks, dropout and the lse, in one kernel."""
     b = Builder(hq=6, hkv=3, d=80, dv=48)
     pos = b.positions(2)
     plen = b.prefix_lengths()
-    b.qk_norm(weight="f32").rope(positions=pos, scaling="llama3", factor=8.0, original_max_position=64)
+    b.qk_norm(weight="f32").rope(
+        positions=pos, scaling="llama3", factor=8.0, original_max_position=64
+    )
     b.alibi().bias((1, 6, "?", "?")).softcap(30.0)
     b.mask("prefix_lm", plen).mask("sliding_window", left=11, align="bottom_right")
     p = b.build(dropout=0.1, sinks=True, lse=True).with_dtype(dtype)
@@ -835,7 +948,12 @@ def test_strategies_agree() -> None:
     """fused, hybrid and separate give the same numbers (and the reference's)."""
     b = Builder()
     pos = b.positions(2)
-    p = b.qk_norm(weight="f32", eps=1e-6).rope(positions=pos, rotary_dim=48).mask("causal").build()
+    p = (
+        b.qk_norm(weight="f32", eps=1e-6)
+        .rope(positions=pos, rotary_dim=48)
+        .mask("causal")
+        .build()
+    )
     args = p.inputs(2, 37, 37, seed=11)
     ref = reference.run(p.text, *args)
     outs = {}
@@ -851,10 +969,12 @@ def test_strategies_agree() -> None:
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
-def test_entry_and_disk_cache(first: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_and_disk_cache(
+    first: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module with two attention functions: `entry` picks one, whether the program
     was just lowered (cache miss) or read back from the disk cache (hit), in any order."""
-    import attnfuse.api as api
+    from attnfuse import api
 
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))
     a = Builder("a").mask("causal").build()
@@ -904,7 +1024,12 @@ def test_strided_extra_operands() -> None:
     b = Builder()
     pos = b.positions(2)
     ids = b.doc_ids()
-    p = b.rope(positions=pos).mask("document", ids).bias(("?", 4, "?", "?")).build(sinks=True)
+    p = (
+        b.rope(positions=pos)
+        .mask("document", ids)
+        .bias(("?", 4, "?", "?"))
+        .build(sinks=True)
+    )
     args = p.inputs(2, 37, 37)
     g = torch.Generator().manual_seed(0)
     args[3] = torch.randint(0, 100, (2, 74), generator=g, dtype=torch.int32)[:, ::2]
@@ -919,5 +1044,8 @@ def test_head_dim_stride() -> None:
     """q/k/v whose head_dim is strided (every other column of a wider tensor)."""
     p = Builder().rope().mask("causal").build()
     g = torch.Generator().manual_seed(0)
-    args = [torch.randn(*a.shape[:3], 128, generator=g)[..., ::2] for a in p.inputs(2, 37, 37)]
+    args = [
+        torch.randn(*a.shape[:3], 128, generator=g)[..., ::2]
+        for a in p.inputs(2, 37, 37)
+    ]
     check(p, args=args)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from programs import STRATEGIES, compile_program, reference_lse
 
 from attnfuse import examples, reference
 from attnfuse.program import find_functions
 from attnfuse.testing import assert_close, make_inputs
-from programs import STRATEGIES, compile_program, reference_lse
 
 NAMES = examples.names()
 SAME_LENGTH_ONLY = {"document"}
@@ -30,7 +30,9 @@ def _has_transforms(text: str) -> bool:
     return "attn.rope" in text or "attn.qk_norm" in text
 
 
-def _run(text: str, strategy: str, batch: int, q_len: int, kv_len: int, seed: int) -> None:
+def _run(
+    text: str, strategy: str, batch: int, q_len: int, kv_len: int, seed: int
+) -> None:
     fn = compile_program(text, strategy)
     function = find_functions(reference.parse_program(text))[0]
     args = make_inputs(function, batch, q_len, kv_len, seed=seed)
@@ -61,7 +63,9 @@ def test_example_sq_ne_skv(name: str) -> None:
     _run(_text(name), "fused", 1, 29, 45, seed=7)
 
 
-@pytest.mark.parametrize("name,old", [("gemma2", "left = 4095"), ("gpt_oss", "left = 127")])
+@pytest.mark.parametrize(
+    "name,old", [("gemma2", "left = 4095"), ("gpt_oss", "left = 127")]
+)
 def test_example_window_bites(name: str, old: str) -> None:
     text = _text(name)
     assert old in text

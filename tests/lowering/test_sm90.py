@@ -15,6 +15,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from programs import STRATEGIES, Builder
 
 from attnfuse import examples
 from attnfuse.backends.triton.emitter import emit_module
@@ -22,7 +23,6 @@ from attnfuse.backends.triton.sm90 import compile_all
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from programs import STRATEGIES, Builder
 
 PIPELINE = "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling,lower-to-tile"
 
@@ -33,7 +33,8 @@ def _extra_programs() -> dict[str, str]:
     tab = b.table("rel", 32)
     temp = b.arg("temp", "f32", lambda *_: 1.0)
     b.qk_norm(weight="bf16").rope(style="interleaved", rotary_dim=64)
-    b.score_mod("""
+    b.score_mod(
+        """
         %d$ = arith.subi %q$, %kv$ : index
         %z$ = arith.constant 0 : index
         %c31$ = arith.constant 31 : index
@@ -43,21 +44,31 @@ def _extra_programs() -> dict[str, str]:
         %y$ = arith.addf %x$, %w$ : f32
         %t$ = arith.mulf %y$, %c1$ : f32
         attn.yield %t$ : f32
-    """, tab, temp)
-    b.custom_mask("""
+    """,
+        tab,
+        temp,
+    )
+    b.custom_mask(
+        """
         %n$ = tensor.extract %c0$[%h$] : tensor<8xi32>
         %ni$ = arith.index_cast %n$ : i32 to index
         %w$ = arith.addi %q$, %ni$ : index
         %keep$ = arith.cmpi sle, %kv$, %w$ : index
         attn.yield %keep$ : i1
-    """, lim)
+    """,
+        lim,
+    )
     custom = b.build(sinks=True, lse=True).text
 
     b = Builder("everything", hq=6, hkv=3, d=80, dv=96, dtype="f16")
     pos = b.positions(2)
     plen = b.prefix_lengths()
-    b.rope(positions=pos, scaling="llama3", factor=8.0).alibi().bias((1, 6, "?", "?"), dtype="f16")
-    b.softcap(30.0).mask("prefix_lm", plen).mask("sliding_window", left=100, align="bottom_right")
+    b.rope(positions=pos, scaling="llama3", factor=8.0).alibi().bias(
+        (1, 6, "?", "?"), dtype="f16"
+    )
+    b.softcap(30.0).mask("prefix_lm", plen).mask(
+        "sliding_window", left=100, align="bottom_right"
+    )
     everything = b.build(dropout=0.1).text
     return {"custom_head": custom, "everything": everything}
 
@@ -96,7 +107,10 @@ def compiled() -> dict[str, tuple[list[str], dict[str, str]]]:
     with ThreadPoolExecutor(len(STRATEGIES)) as pool:
         futures = {s: pool.submit(compile_all, todo[s]) for s in STRATEGIES if todo[s]}
         targets = {s: f.result() for s, f in futures.items()}
-    return {s: ([k.sym_name.data for k in per_strategy[s]], targets.get(s, {})) for s in STRATEGIES}
+    return {
+        s: ([k.sym_name.data for k in per_strategy[s]], targets.get(s, {}))
+        for s in STRATEGIES
+    }
 
 
 def test_kernels_found() -> None:
@@ -107,7 +121,9 @@ def test_kernels_found() -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_compiles_for_sm90(strategy: str, compiled: dict[str, tuple[list[str], dict[str, str]]]) -> None:
+def test_compiles_for_sm90(
+    strategy: str, compiled: dict[str, tuple[list[str], dict[str, str]]]
+) -> None:
     names, targets = compiled[strategy]
     if strategy == "fused":
         assert set(targets) == set(names), "every fused kernel is compiled"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
+from programs import BLOCK, Builder, Program, compile_program
 
 from attnfuse import reference
 from attnfuse.testing import assert_close
-from programs import BLOCK, Builder, Program, compile_program
 
 HQ, HKV, D = 2, 1, 16
 
@@ -34,11 +34,15 @@ PAST_LAST_KEY = pytest.mark.xfail(
     "partial KV tile",
 )
 
-Keep = Callable[[list[Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Keep = Callable[
+    [list[Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
 """(args, b, h, q, kv) -> bool tensor broadcast to [B, H, Sq, Skv]."""
 
 
-def expected_tiles(keep: torch.Tensor, block_m: int = BLOCK, block_n: int = BLOCK) -> int:
+def expected_tiles(
+    keep: torch.Tensor, block_m: int = BLOCK, block_n: int = BLOCK
+) -> int:
     """Number of (b, h, q block, kv block) tiles of `keep` ([B, H, Sq, Skv]) with a kept element."""
     b, h, sq, skv = keep.shape
     nq, nk = -(-sq // block_m), -(-skv // block_n)
@@ -58,11 +62,20 @@ def grid(b: int, h: int, sq: int, skv: int) -> tuple[torch.Tensor, ...]:
 
 
 def run_count(
-    p: Program, keep_fn: Keep, sq: int, skv: int, *, batch: int = 2, seed: int = 0,
-    block_m: int = BLOCK, block_n: int = BLOCK,
+    p: Program,
+    keep_fn: Keep,
+    sq: int,
+    skv: int,
+    *,
+    batch: int = 2,
+    seed: int = 0,
+    block_m: int = BLOCK,
+    block_n: int = BLOCK,
 ) -> None:
     args = p.inputs(batch, sq, skv, seed)
-    fn = compile_program(p.text, "fused", count_tiles=True, block_m=block_m, block_n=block_n)
+    fn = compile_program(
+        p.text, "fused", count_tiles=True, block_m=block_m, block_n=block_n
+    )
     b, h, q, kv = grid(batch, HQ, sq, skv)
     keep = keep_fn(args, b, h, q, kv).expand(batch, HQ, sq, skv)
     want = expected_tiles(keep, block_m, block_n)
@@ -82,14 +95,24 @@ SHAPES = [(37, 37), (29, 45), (45, 29)]
 
 @pytest.mark.parametrize("sq,skv", SHAPES)
 def test_no_mask(sq: int, skv: int) -> None:
-    run_count(builder().build(), lambda a, b, h, q, kv: torch.ones(1, 1, 1, 1, dtype=torch.bool), sq, skv)
+    run_count(
+        builder().build(),
+        lambda a, b, h, q, kv: torch.ones(1, 1, 1, 1, dtype=torch.bool),
+        sq,
+        skv,
+    )
 
 
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("sq,skv", SHAPES)
 def test_causal(sq: int, skv: int, align: str) -> None:
     shift = skv - sq if align == "bottom_right" else 0
-    run_count(builder().mask("causal", align=align).build(), lambda a, b, h, q, kv: kv <= q + shift, sq, skv)
+    run_count(
+        builder().mask("causal", align=align).build(),
+        lambda a, b, h, q, kv: kv <= q + shift,
+        sq,
+        skv,
+    )
 
 
 WINDOWS: dict[str, tuple[int | None, int | None]] = {
@@ -104,7 +127,9 @@ WINDOWS: dict[str, tuple[int | None, int | None]] = {
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("sq,skv", SHAPES)
 @pytest.mark.parametrize("window", list(WINDOWS))
-def test_sliding_window(window: str, sq: int, skv: int, align: str, request: pytest.FixtureRequest) -> None:
+def test_sliding_window(
+    window: str, sq: int, skv: int, align: str, request: pytest.FixtureRequest
+) -> None:
     if sq == skv and align == "bottom_right":
         pytest.skip("same as top_left when Sq == Skv")
     if (window, sq, skv, align) == ("left_narrow", 45, 29, "top_left"):
@@ -121,7 +146,9 @@ def test_sliding_window(window: str, sq: int, skv: int, align: str, request: pyt
         return k
 
     options = {k: v for k, v in (("left", left), ("right", right)) if v is not None}
-    run_count(builder().mask("sliding_window", align=align, **options).build(), keep, sq, skv)
+    run_count(
+        builder().mask("sliding_window", align=align, **options).build(), keep, sq, skv
+    )
 
 
 @pytest.mark.parametrize("sq,skv", [(45, 45), (29, 45)])
@@ -141,7 +168,13 @@ def test_prefix_lm_operand(sq: int, skv: int) -> None:
     bld = builder()
     plen = bld.prefix_lengths()
     p = bld.mask("prefix_lm", plen).build()
-    run_count(p, lambda a, b, h, q, kv: (kv <= q) | (kv < a[3].long().view(-1, 1, 1, 1)), sq, skv, seed=4)
+    run_count(
+        p,
+        lambda a, b, h, q, kv: (kv <= q) | (kv < a[3].long().view(-1, 1, 1, 1)),
+        sq,
+        skv,
+        seed=4,
+    )
 
 
 @pytest.mark.parametrize("docs", [1, 3, 8])
@@ -191,7 +224,12 @@ def test_custom_affine() -> None:
         %keep$ = arith.andi %a$, %b2$ : i1
         attn.yield %keep$ : i1
     """
-    run_count(builder().custom_mask(body).build(), lambda a, b, h, q, kv: (q - kv <= 5) & (kv <= q), 45, 45)
+    run_count(
+        builder().custom_mask(body).build(),
+        lambda a, b, h, q, kv: (q - kv <= 5) & (kv <= q),
+        45,
+        45,
+    )
 
 
 def test_custom_per_head() -> None:
@@ -203,7 +241,12 @@ def test_custom_per_head() -> None:
         %keep$ = arith.cmpi sle, %kv$, %w$ : index
         attn.yield %keep$ : i1
     """
-    run_count(builder().custom_mask(body).build(), lambda a, b, h, q, kv: kv <= q - 20 * h, 45, 45)
+    run_count(
+        builder().custom_mask(body).build(),
+        lambda a, b, h, q, kv: kv <= q - 20 * h,
+        45,
+        45,
+    )
 
 
 def test_custom_rows_only() -> None:
@@ -213,16 +256,29 @@ def test_custom_rows_only() -> None:
         %keep$ = arith.cmpi sge, %q$, %c20$ : index
         attn.yield %keep$ : i1
     """
-    run_count(builder().custom_mask(body).build(), lambda a, b, h, q, kv: (q >= 20) & (kv >= 0), 45, 45)
+    run_count(
+        builder().custom_mask(body).build(),
+        lambda a, b, h, q, kv: (q >= 20) & (kv >= 0),
+        45,
+        45,
+    )
 
 
-_PRED = {"slt": operator.lt, "sle": operator.le, "sgt": operator.gt, "sge": operator.ge, "eq": operator.eq}
+_PRED = {
+    "slt": operator.lt,
+    "sle": operator.le,
+    "sgt": operator.gt,
+    "sge": operator.ge,
+    "eq": operator.eq,
+}
 
 
 @pytest.mark.parametrize("c", [-3, 4])
 @pytest.mark.parametrize("form", ["kv-q", "q-kv", "q+c_vs_kv"])
 @pytest.mark.parametrize("pred", list(_PRED))
-def test_custom_band_forms(pred: str, form: str, c: int, request: pytest.FixtureRequest) -> None:
+def test_custom_band_forms(
+    pred: str, form: str, c: int, request: pytest.FixtureRequest
+) -> None:
     """Every comparison of kv - q with a constant, written three ways: an exact band
     (45 queries, 37 keys, so some q blocks' bands start past the last key)."""
     if (pred, form, c) in (("sgt", "kv-q", 4), ("slt", "q+c_vs_kv", 4)):
@@ -230,13 +286,13 @@ def test_custom_band_forms(pred: str, form: str, c: int, request: pytest.Fixture
     f = _PRED[pred]
     if form == "kv-q":
         lhs, rhs, pre = "%d$", "%c$", "%d$ = arith.subi %kv$, %q$ : index"
-        keep: Keep = lambda a, b, h, q, kv: f(kv - q, c)  # noqa: E731
+        keep: Keep = lambda a, b, h, q, kv: f(kv - q, c)
     elif form == "q-kv":
         lhs, rhs, pre = "%d$", "%c$", "%d$ = arith.subi %q$, %kv$ : index"
-        keep = lambda a, b, h, q, kv: f(q - kv, c)  # noqa: E731
+        keep = lambda a, b, h, q, kv: f(q - kv, c)
     else:
         lhs, rhs, pre = "%d$", "%kv$", "%d$ = arith.addi %q$, %c$ : index"
-        keep = lambda a, b, h, q, kv: f(q + c, kv)  # noqa: E731
+        keep = lambda a, b, h, q, kv: f(q + c, kv)
     body = f"""
         %c$ = arith.constant {c} : index
         {pre}
@@ -253,24 +309,36 @@ def test_block_sizes(mask: str, block_m: int, block_n: int) -> None:
     bld = builder()
     if mask == "causal_br":
         bld.mask("causal", align="bottom_right")
-        keep: Keep = lambda a, b, h, q, kv: kv <= q + 8  # noqa: E731
+        keep: Keep = lambda a, b, h, q, kv: kv <= q + 8
     elif mask == "window":
         bld.mask("sliding_window", left=6, right=20)
-        keep = lambda a, b, h, q, kv: (kv >= q - 6) & (kv <= q + 20)  # noqa: E731
+        keep = lambda a, b, h, q, kv: (kv >= q - 6) & (kv <= q + 20)
     elif mask == "prefix":
         bld.mask("prefix_lm", prefix=19)
-        keep = lambda a, b, h, q, kv: (kv <= q) | (kv < 19)  # noqa: E731
+        keep = lambda a, b, h, q, kv: (kv <= q) | (kv < 19)
     else:
         ids = bld.doc_ids(docs=3)
         bld.mask("document", ids)
-        keep = lambda a, b, h, q, kv: a[3].long()[:, None, :, None] == a[3].long()[:, None, None, :]  # noqa: E731
-    run_count(bld.build(), keep, 45 if mask == "document" else 37, 45, block_m=block_m, block_n=block_n, seed=6)
+        keep = lambda a, b, h, q, kv: (
+            a[3].long()[:, None, :, None] == a[3].long()[:, None, None, :]
+        )
+    run_count(
+        bld.build(),
+        keep,
+        45 if mask == "document" else 37,
+        45,
+        block_m=block_m,
+        block_n=block_n,
+        seed=6,
+    )
 
 
 def test_mask_before_softcap_visits_all() -> None:
     """Masked logits become -cap after a softcap: no tile is empty, all are visited."""
     p = builder().mask("causal").softcap(3.0).build()
-    run_count(p, lambda a, b, h, q, kv: torch.ones(1, 1, 1, 1, dtype=torch.bool), 37, 37)
+    run_count(
+        p, lambda a, b, h, q, kv: torch.ones(1, 1, 1, 1, dtype=torch.bool), 37, 37
+    )
 
 
 def test_mask_after_softcap_skips() -> None:
