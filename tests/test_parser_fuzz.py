@@ -240,22 +240,36 @@ def mutate(name: str, edits: list[Mutation]) -> str:
 _CTX: Context = make_context()
 
 
-def _is_missing_property_gap(exc: BaseException) -> bool:
-    """xDSL gap (reported): a generic-form op without a required property, e.g. a
-    `func.func` without `function_type`, makes the verifier of an op *inside* it read the
-    missing property (`func.return` does), a bare KeyError, because xDSL verifies nested
-    ops before their parent. attn ops only have optional properties, so this cannot come
-    from them; `test_known_gaps` tracks it."""
-    if not isinstance(exc, KeyError):
-        return False
+def _frames(exc: BaseException) -> list[str]:
     tb = exc.__traceback__
-    frames = []
+    files = []
     while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
+        files.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    return frames[-1].endswith("xdsl/irdl/operations.py") and not any(
-        "attnfuse" in f for f in frames[-3:]
-    )
+    return files
+
+
+_XDSL_DIALECT = re.compile(r"/xdsl/dialects/(\w+)\.py$")
+
+
+def is_upstream_gap(exc: BaseException) -> bool:
+    """A crash in the code of an xDSL op (not in AttnFuse): reported, tolerated here.
+
+    The generic form can build non-attn ops that xDSL 0.75 does not guard against, e.g. a
+    `func.func` without `function_type` (the nested `func.return` verifier reads it: a
+    KeyError, since xDSL verifies nested ops first), or `arith.cmpi` with predicate 33 (its
+    printer indexes a list: IndexError). Walking out from the innermost frame, past xDSL's
+    generic machinery (irdl, printer, parser, ir), the first code reached must be an xDSL
+    dialect other than builtin. `test_known_upstream_gaps` tracks the driver's side.
+    """
+    if isinstance(exc, CLEAN_ERRORS):
+        return False
+    for filename in reversed(_frames(exc)):
+        if "attnfuse" in filename or filename.endswith("test_parser_fuzz.py"):
+            return False
+        if (m := _XDSL_DIALECT.search(filename)) is not None:
+            return m.group(1) != "builtin"
+    return False
 
 
 def parse_only(text: str) -> ModuleOp:
@@ -270,14 +284,18 @@ def parse_and_verify(text: str) -> ModuleOp | None:
         verify_module(module)
     except CLEAN_ERRORS:
         return None
-    except KeyError as e:
-        if _is_missing_property_gap(e):
-            return None
-        raise
     return module
 
 
 def check_parser(text: str) -> None:
+    try:
+        _check_parser(text)
+    except Exception as e:
+        if not is_upstream_gap(e):
+            raise
+
+
+def _check_parser(text: str) -> None:
     module = parse_and_verify(text)  # any other exception fails the test
     if module is None:
         return
@@ -287,8 +305,14 @@ def check_parser(text: str) -> None:
     assert str(again) == printed
     generic = _generic(module)
     from_generic = parse_and_verify(generic)
+    if from_generic is None and NON_ASCII_ESCAPE.search(generic):
+        return  # xDSL gap, see test_non_ascii_string_round_trip
     assert from_generic is not None, f"generic form does not re-parse:\n{generic}"
     assert str(from_generic) == printed
+
+
+NON_ASCII_ESCAPE = re.compile(r"\\[89A-F][0-9A-F]")
+"""How xDSL's generic printer escapes a non-ASCII byte in a string attribute."""
 
 
 _LOCATED = re.compile(r"^fuzz\.attn:\d+:\d+: error: ", re.M)
@@ -314,17 +338,19 @@ def run_driver(text: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def _upstream_gap_in(text: str) -> bool:
+    try:
+        _check_parser(text)
+    except Exception as e:  # noqa: BLE001 - classified
+        return is_upstream_gap(e)
+    return False
+
+
 def check_driver(text: str, *, allow_known_gaps: bool = True) -> None:
     code, out, err = run_driver(text)
     assert "Traceback" not in out + err, err
-    if allow_known_gaps and code == 3 and "internal error: KeyError" in err:
-        try:
-            parse_only(text).verify()
-        except KeyError as e:
-            if _is_missing_property_gap(e):
-                return
-        except Exception:  # noqa: BLE001 - anything else is checked below
-            pass
+    if allow_known_gaps and code == 3 and _upstream_gap_in(text):
+        return
     assert "internal error" not in err, f"driver crashed:\n{err}\n--- input:\n{text}"
     module = parse_and_verify(text)
     if module is None:
@@ -499,15 +525,37 @@ def test_unterminated_string_does_not_hang() -> None:
     assert proc.stdout.strip() == "ParseError", proc.stderr
 
 
-KNOWN_GAPS: dict[str, str] = {
+KNOWN_UPSTREAM_GAPS: dict[str, str] = {
     "func.func without function_type": SEEDS["generic.attn_ops.softcap"].replace(
         "function_type", "kind", 1
+    ),
+    "arith.cmpi predicate out of range": SEEDS["generic.attn_ops.mask"].replace(
+        "predicate = 2 : i64", "predicate = 33 : i64", 1
     ),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="xDSL verifier gap, reported (see _is_missing_property_gap)")
-@pytest.mark.parametrize("case", sorted(KNOWN_GAPS))
-def test_known_gaps(case: str) -> None:
-    """Fixing the gap (a located error, exit 1) makes this XPASS: then drop the allowance."""
-    check_driver(KNOWN_GAPS[case], allow_known_gaps=False)
+@pytest.mark.parametrize("case", sorted(KNOWN_UPSTREAM_GAPS))
+def test_known_upstream_gaps_are_classified(case: str) -> None:
+    text = KNOWN_UPSTREAM_GAPS[case]
+    assert text not in SEEDS.values()
+    assert _upstream_gap_in(text)
+
+
+@pytest.mark.xfail(strict=True, reason="xDSL gaps (see is_upstream_gap), reported to the driver")
+@pytest.mark.parametrize("case", sorted(KNOWN_UPSTREAM_GAPS))
+def test_known_upstream_gaps(case: str) -> None:
+    """The driver should report these as located errors; fixing one makes this XPASS."""
+    check_driver(KNOWN_UPSTREAM_GAPS[case], allow_known_gaps=False)
+
+
+@pytest.mark.xfail(strict=True, reason="xDSL 0.75 gap, reported: non-ASCII strings")
+def test_non_ascii_string_round_trip() -> None:
+    """`func.func @"é"` prints in the generic form as `sym_name = "\\C3\\A9"`, which the
+    parser reads back as bytes, not a string, and rejects."""
+    text = SEEDS["gemma2"].replace("func.func @gemma2", 'func.func @"\u00e9gemma2"')
+    module = parse_and_verify(text)
+    assert module is not None
+    generic = _generic(module)
+    assert NON_ASCII_ESCAPE.search(generic)
+    assert parse_and_verify(generic) is not None

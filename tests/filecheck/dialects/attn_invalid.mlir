@@ -872,6 +872,61 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 
 // -----
 
+// unknown mask kind (generic form)
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = "attn.mask"(%s) <{kind = "chunked"}> ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op unknown kind 'chunked' (expected one of causal, sliding_window, document, prefix_lm, custom)
+// CHECK-NEXT: %m = "attn.mask"(%s) <{kind = "chunked"}> ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// string option outside its choices (generic form)
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = "attn.rope"(%q) <{style = "neox"}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op option 'style' must be one of half, interleaved, got 'neox'
+// CHECK-NEXT: %r = "attn.rope"(%q) <{style = "neox"}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// infinite float option (generic form)
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op option 'theta' must be finite
+// CHECK-NEXT: %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~~~
+
+// -----
+
+// custom mask region with two blocks
+func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
+  %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %keep = arith.cmpi sge, %qi, %ki : index
+    attn.yield %keep : i1
+  ^bb1:
+    %t = arith.constant true
+    attn.yield %t : i1
+  }
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.mask' op custom mask region must have a single block
+// CHECK-NEXT: %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
 // mask kind missing (generic form)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = "attn.mask"(%s) ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
