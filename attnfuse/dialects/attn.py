@@ -184,6 +184,14 @@ class RopeOp(AttnSyntaxOp):
             self.float_option("high_freq_factor") > self.float_option("low_freq_factor") > 0
         ):
             raise VerifyException("attn.rope: llama3 scaling needs high_freq_factor > low_freq_factor > 0")
+        if self.str_option("scaling") in ("llama3", "yarn") and self.int_option("original_max_position") <= 0:
+            raise VerifyException("attn.rope: original_max_position must be positive")
+        if self.str_option("scaling") == "yarn":
+            # (the yarn ramp takes log(original_max_position / (2 pi beta)))
+            if not (self.float_option("beta_fast") > 0 and self.float_option("beta_slow") > 0):
+                raise VerifyException("attn.rope: yarn scaling needs beta_fast > 0 and beta_slow > 0")
+            if self.int_option("truncate") not in (0, 1):
+                raise VerifyException("attn.rope: truncate must be 0 or 1")
         if self.positions is not None:
             pos_type = self.positions.type
             if not isinstance(pos_type, TensorType) or len(pos_type.get_shape()) not in (1, 2):

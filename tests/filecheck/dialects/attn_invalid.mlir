@@ -326,6 +326,42 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 
 // -----
 
+// yarn original_max_position zero
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "yarn", factor = 32.0, original_max_position = 0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op original_max_position must be positive
+// CHECK-NEXT: %r = attn.rope %q {scaling = "yarn", factor = 32.0, original_max_position = 0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// yarn beta_fast zero
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "yarn", factor = 32.0, beta_fast = 0.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op yarn scaling needs beta_fast > 0 and beta_slow > 0
+// CHECK-NEXT: %r = attn.rope %q {scaling = "yarn", factor = 32.0, beta_fast = 0.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// yarn truncate not 0 or 1
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "yarn", factor = 32.0, truncate = 2} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op truncate must be 0 or 1
+// CHECK-NEXT: %r = attn.rope %q {scaling = "yarn", factor = 32.0, truncate = 2} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
 // positions rank 3
 func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?x?x?xi32>) {
   %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?x?x?xi32>
