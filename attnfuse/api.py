@@ -46,7 +46,7 @@ from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE
-from attnfuse.program import analyze, find_functions, needs_equal_lengths, symbolic_shapes
+from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
 
 _VERSION = "0.1.0"
 
@@ -110,7 +110,7 @@ class AttentionFunction:
         self.name = function.sym_name.data
         analyzed = analyze(function)
         self._symbolic = symbolic_shapes(analyzed)
-        self._same_lengths = needs_equal_lengths(analyzed)
+        self._shared_length = shared_length_operand(analyzed)
         self.parameters = [
             Parameter(i, a.name_hint or f"arg{i}", a.type) for i, a in enumerate(function.args)
         ]
@@ -227,10 +227,11 @@ class AttentionFunction:
         k_index = next(i for i, s in self._symbolic.items() if len(s) == 4 and s[2] == "Skv")
         q, k = args[q_index], args[k_index]
         sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
-        if self._same_lengths and sizes["Sq"] != sizes["Skv"]:
+        if self._shared_length is not None and sizes["Sq"] != sizes["Skv"]:
+            param = self.parameters[self._shared_length]
             raise AttnfuseArgumentError(
-                f"q and k must have the same length (one document-ids or position-ids operand "
-                f"serves both), got {sizes['Sq']} and {sizes['Skv']}"
+                f"argument {param.index} '{param.name}' serves both queries and keys, so q and k "
+                f"must have the same length, got {sizes['Sq']} and {sizes['Skv']}"
             )
         for index, symbols in sorted(self._symbolic.items()):
             arg = args[index]

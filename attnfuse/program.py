@@ -224,13 +224,24 @@ def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...
     for index, seq in ((program.q.arg_index, "Sq"), (program.k.arg_index, "Skv"), (program.v_arg, "Skv")):
         shape = dims(fn_args[index])
         shapes[index] = resolve(shape, ("B", shape[1], seq, shape[3]))
+    head_dim = dims(fn_args[program.q.arg_index])[3]
+    heads = dims(fn_args[program.q.arg_index])[1]
     for side, seq in ((program.q, "Sq"), (program.k, "Skv")):
         for op in side.transforms:
+            weight = getattr(op, "weight", None)
+            if weight is not None and isinstance(weight, BlockArgument):
+                shapes[weight.index] = (head_dim,)
             positions = getattr(op, "positions", None)
             if positions is not None and isinstance(positions, BlockArgument):
                 shape = dims(positions)
                 shapes[positions.index] = resolve(shape, ("B", seq)[-len(shape):] if len(shape) == 2 else (seq,))
+    sinks = program.online.sinks if program.online is not None else (
+        program.softmax.sinks if program.softmax is not None else None)
+    if sinks is not None and isinstance(sinks, BlockArgument):
+        shapes[sinks.index] = (heads,)
     for op in program.score_ops:
+        if isinstance(op, BiasOp) and op.slopes is not None and isinstance(op.slopes, BlockArgument):
+            shapes[op.slopes.index] = (heads,)
         if isinstance(op, BiasOp) and op.kind_name == "tensor" and isinstance(op.bias[0], BlockArgument):
             shape = dims(op.bias[0])
             shapes[op.bias[0].index] = resolve(shape, ("B", shape[1], "Sq", "Skv"))
@@ -246,13 +257,19 @@ def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...
     return shapes
 
 
-def needs_equal_lengths(program: AttentionProgram) -> bool:
-    """Whether q and k must have the same length: one document-ids operand serves both
-    sides, or one position-ids operand is read by both Q's and K's RoPE."""
+def shared_length_operand(program: AttentionProgram) -> int | None:
+    """The argument index of an operand that serves both queries and keys (one
+    document-ids operand, or one position-ids operand read by both Q's and K's RoPE),
+    which therefore needs q and k of the same length; None when there is none."""
     from attnfuse.dialects.attn import MaskOp
 
-    if any(isinstance(op, MaskOp) and op.kind_name == "document" and len(op.args) == 1
-           for op in program.score_ops):
-        return True
-    q_pos = {id(getattr(t, "positions", None)) for t in program.q.transforms if getattr(t, "positions", None)}
-    return any(id(getattr(t, "positions", None)) in q_pos for t in program.k.transforms)
+    for op in program.score_ops:
+        if isinstance(op, MaskOp) and op.kind_name == "document" and len(op.args) == 1:
+            if isinstance(op.args[0], BlockArgument):
+                return op.args[0].index
+    q_pos = [getattr(t, "positions", None) for t in program.q.transforms]
+    for t in program.k.transforms:
+        positions = getattr(t, "positions", None)
+        if positions is not None and positions in q_pos and isinstance(positions, BlockArgument):
+            return positions.index
+    return None
