@@ -31,14 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+import torch
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType
+from xdsl.dialects.func import FuncOp
+from xdsl.ir import Operation
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from attnfuse import reference
 from attnfuse.diagnostics import parse_module_with_locations, verify_module
+from attnfuse.dialects.attn_types import ProbsType, ScoresType
 from attnfuse.driver import main as driver_main
 from attnfuse.pass_manager import make_context
 
@@ -393,6 +398,75 @@ def test_driver_reports_located_errors(program: tuple[str, list[Mutation]]) -> N
     check_driver(mutate(name, edits))
 
 
+def uses_before_definition(module: ModuleOp) -> bool:
+    """Whether an op uses a value defined later in its block: xDSL 0.75 does not verify
+    dominance, so `%a = f(%b); %b = g(%a)` verifies (reported)."""
+    for op in module.walk():
+        block = op.parent_block()
+        for operand in op.operands:
+            owner = operand.owner
+            if isinstance(owner, Operation) and owner.parent_block() is block:
+                if block is not None and block.get_operation_index(owner) >= block.get_operation_index(op):
+                    return True
+    return False
+
+
+def call_arguments(fn: FuncOp, seed: int) -> list[object]:
+    """Random arguments for `fn` (B = 2, dynamic seq = 5; integers in [1, 4))."""
+    g = torch.Generator().manual_seed(seed)
+    args: list[object] = []
+    for arg in fn.args:
+        ty = arg.type
+        if isinstance(ty, IntegerType):
+            args.append(1234)
+            continue
+        if isinstance(ty, (ScoresType, ProbsType)):
+            dims = list(ty.dims)
+        elif isinstance(ty, TensorType):
+            dims = list(ty.get_shape())
+        else:
+            args.append(1.0)
+            continue
+        batch_first = len(dims) > 1 or (arg.name_hint or "").startswith("prefix")
+        shape = [(2 if i == 0 and batch_first else 5) if d < 0 else d for i, d in enumerate(dims)]
+        if isinstance(ty, TensorType) and isinstance(ty.element_type, IntegerType):
+            args.append(torch.randint(1, 4, shape, generator=g))
+        else:
+            args.append(torch.randn(shape, dtype=torch.float64, generator=g))
+    return args
+
+
+custom_programs = st.tuples(
+    st.sampled_from([n for n in SEED_NAMES if not n.startswith("generic.")]),
+    st.lists(mutations, min_size=1, max_size=2),
+)
+
+
+@settings(
+    _settings,
+    max_examples=max(20, MAX_EXAMPLES // 3),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(custom_programs)
+def test_verified_mutants_run_on_the_reference(program: tuple[str, list[Mutation]]) -> None:
+    """What verifies must run: the reference may reject the *arguments* (ReferenceError),
+    but never crash on a program the verifier accepted (this found the yarn theta /
+    original_max_position / beta gaps)."""
+    name, edits = program
+    try:
+        module = parse_and_verify(mutate(name, edits))
+    except Exception as e:  # noqa: BLE001
+        assume(not is_upstream_gap(e))
+        raise
+    assume(module is not None and not uses_before_definition(module))
+    fns = [op for op in module.walk() if isinstance(op, FuncOp) and op.body.blocks]
+    assume(bool(fns))  # (a truncated program can leave only a declaration)
+    try:
+        reference.run(module, *call_arguments(fns[0], seed=0))
+    except reference.ReferenceError:
+        pass
+
+
 TYPE_REGRESSIONS: dict[str, str] = {
     "zero kv heads": "tensor<?x0x?x64xf16>",  # was: ZeroDivisionError in attn.scores
     "zero head dim": "tensor<?x8x?x0xf16>",
@@ -415,6 +489,12 @@ def test_type_regressions(seed: str, case: str) -> None:
 
 
 TEXT_REGRESSIONS: dict[str, tuple[str, str, str]] = {
+    # were: verified, then the reference crashed (ZeroDivisionError / math domain error)
+    "yarn with theta 1": ("gpt_oss", "theta = 150000.0", "theta = 1.0"),
+    "yarn with original_max_position 0": (
+        "gpt_oss", "original_max_position = 4096", "original_max_position = 0"
+    ),
+    "yarn with beta_fast 0": ("gpt_oss", "beta_fast = 32.0", "beta_fast = 0.0"),
     # was: accepted, printed as `cap = inf`, which does not parse
     "non-finite float option": ("gemma2", "{cap = 50.0}", "{cap = 1.0e999}"),
     # was: "error: Integer value ... out of range" without a location

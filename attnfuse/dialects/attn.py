@@ -187,9 +187,11 @@ class RopeOp(AttnSyntaxOp):
         if self.str_option("scaling") in ("llama3", "yarn") and self.int_option("original_max_position") <= 0:
             raise VerifyException("attn.rope: original_max_position must be positive")
         if self.str_option("scaling") == "yarn":
-            # (the yarn ramp takes log(original_max_position / (2 pi beta)))
+            # (the yarn ramp takes log(original_max_position / (2 pi beta)) / log(theta))
             if not (self.float_option("beta_fast") > 0 and self.float_option("beta_slow") > 0):
                 raise VerifyException("attn.rope: yarn scaling needs beta_fast > 0 and beta_slow > 0")
+            if self.float_option("theta") <= 1:
+                raise VerifyException("attn.rope: yarn scaling needs theta > 1")
             if self.int_option("truncate") not in (0, 1):
                 raise VerifyException("attn.rope: truncate must be 0 or 1")
         if self.positions is not None:

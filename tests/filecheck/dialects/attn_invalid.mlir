@@ -350,6 +350,18 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 
 // -----
 
+// yarn theta 1
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 1.0, scaling = "yarn", factor = 32.0} : tensor<?x8x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op yarn scaling needs theta > 1
+// CHECK-NEXT: %r = attn.rope %q {theta = 1.0, scaling = "yarn", factor = 32.0} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
 // yarn truncate not 0 or 1
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "yarn", factor = 32.0, truncate = 2} : tensor<?x8x?x64xf16>
