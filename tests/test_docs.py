@@ -34,11 +34,15 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = (REPO / "docs" / "dialect.md").read_text()
 INVALID = (REPO / "tests" / "filecheck" / "dialects" / "attn_invalid.mlir").read_text()
 
-MLIR_BLOCKS = re.findall(r"```mlir\n(.*?)```", DOC, re.S)
-PROGRAMS = {
-    re.search(r"func\.func @(\w+)", block).group(1) if "func.func @" in block else f"block{i}": block
-    for i, block in enumerate(MLIR_BLOCKS)
-}
+MLIR_BLOCKS = re.findall(r"```mlir\n(.*?)```", DOC, re.DOTALL)
+
+
+def _program_name(index: int, block: str) -> str:
+    found = re.search(r"func\.func @(\w+)", block)
+    return found.group(1) if found else f"block{index}"
+
+
+PROGRAMS: dict[str, str] = {_program_name(i, b): b for i, b in enumerate(MLIR_BLOCKS)}
 
 
 def parse(text: str) -> ModuleOp:
@@ -49,7 +53,9 @@ def parse(text: str) -> ModuleOp:
 
 def section(op_name: str) -> str:
     """The text of `## attn.<op>` up to the next `## ` heading."""
-    match = re.search(rf"^## {re.escape(op_name)}\n(.*?)(?=^## |\Z)", DOC, re.S | re.M)
+    match = re.search(
+        rf"^## {re.escape(op_name)}\n(.*?)(?=^## |\Z)", DOC, re.DOTALL | re.MULTILINE
+    )
     assert match, f"docs/dialect.md has no section '## {op_name}'"
     return match.group(1)
 
@@ -69,7 +75,9 @@ def test_example_parses_and_verifies(name: str) -> None:
     assert str(parse(str(module))) == str(module)
 
 
-def _argument(name: str, ty: object, rng: torch.Generator, batch: int, seq: int) -> object:
+def _argument(
+    name: str, ty: object, rng: torch.Generator, batch: int, seq: int
+) -> object:
     """A random call argument for a func argument type.
 
     Dynamic dims are `batch` in front of rank >= 2 tensors and for `[B]` prefix lengths
@@ -78,7 +86,10 @@ def _argument(name: str, ty: object, rng: torch.Generator, batch: int, seq: int)
     if isinstance(ty, IntegerType):
         return 1234
     if isinstance(ty, (ScoresType, ProbsType)):
-        shape = [batch if i == 0 else (seq if d == DYNAMIC else d) for i, d in enumerate(ty.dims)]
+        shape = [
+            batch if i == 0 else (seq if d == DYNAMIC else d)
+            for i, d in enumerate(ty.dims)
+        ]
         data = torch.rand(shape, dtype=torch.float64, generator=rng)
         return data / data.sum(-1, keepdim=True) if isinstance(ty, ProbsType) else data
     assert isinstance(ty, TensorType)
@@ -126,12 +137,14 @@ def test_every_op_has_a_section() -> None:
 
 
 @pytest.mark.parametrize(
-    "op", [op for op in _syntax_ops() if op.name not in INTERNAL_OPS], ids=lambda op: op.name
+    "op",
+    [op for op in _syntax_ops() if op.name not in INTERNAL_OPS],
+    ids=lambda op: op.name,
 )
 def test_every_option_is_documented(op: type[AttnSyntaxOp]) -> None:
     body = section(op.name)
     for option in op.OPTIONS:
-        row = re.search(rf"^\| `{option.name}` \|.*$", body, re.M)
+        row = re.search(rf"^\| `{option.name}` \|.*$", body, re.MULTILINE)
         assert row, f"{op.name}: option '{option.name}' is not in the options table"
         text = row.group(0)
         if option.default is not None:
@@ -140,9 +153,13 @@ def test_every_option_is_documented(op: type[AttnSyntaxOp]) -> None:
                 f"{op.name}.{option.name}: default {shown} not shown in: {text}"
             )
         for choice in option.choices:
-            assert f'"{choice}"' in text, f"{op.name}.{option.name}: choice {choice} missing"
+            assert f'"{choice}"' in text, (
+                f"{op.name}.{option.name}: choice {choice} missing"
+            )
     for kind in op.KINDS:
-        assert re.search(rf"attn\.\w+ {kind}\b", body), f"{op.name}: kind {kind} has no syntax line"
+        assert re.search(rf"attn\.\w+ {kind}\b", body), (
+            f"{op.name}: kind {kind} has no syntax line"
+        )
 
 
 QUOTED_ERRORS = re.findall(r"`error: ([^`]+)`", DOC)
@@ -152,13 +169,16 @@ def test_quoted_errors_exist() -> None:
     assert len(QUOTED_ERRORS) >= 40
     checked = INVALID.replace("// CHECK:", "").replace("// CHECK-NEXT:", "")
     missing = [e for e in QUOTED_ERRORS if f"error: {e}" not in checked]
-    assert not missing, "quoted in docs/dialect.md but not checked in attn_invalid.mlir:\n" + "\n".join(missing)
+    assert not missing, (
+        "quoted in docs/dialect.md but not checked in attn_invalid.mlir:\n"
+        + "\n".join(missing)
+    )
 
 
 def test_region_op_list_matches_the_reference() -> None:
     regions = pytest.importorskip("attnfuse.reference.regions")
     body = section("attn.score_mod")
-    listed = re.search(r"The ops allowed in .*?are:\n\n(.*?)\n\n", body, re.S)
+    listed = re.search(r"The ops allowed in .*?are:\n\n(.*?)\n\n", body, re.DOTALL)
     assert listed
     documented = re.findall(r"`([a-z]+\.[a-z_0-9]+)`", listed.group(1))
     assert documented == regions.supported_ops()

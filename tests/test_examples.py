@@ -63,8 +63,15 @@ def generic_text(module: ModuleOp) -> str:
 def test_example_set() -> None:
     """The documented examples are all there (and nothing is picked up by accident)."""
     expected = {
-        "alibi", "document", "dropout", "gemma2", "gpt_oss", "llama3", "llama3_1",
-        "qwen3", "t5_bias",
+        "alibi",
+        "document",
+        "dropout",
+        "gemma2",
+        "gpt_oss",
+        "llama3",
+        "llama3_1",
+        "qwen3",
+        "t5_bias",
     }
     assert set(EXAMPLE_NAMES) == expected
     assert examples.names() == EXAMPLE_NAMES
@@ -95,7 +102,9 @@ def test_header_cites_config(name: str) -> None:
         if not line.startswith("//"):
             break
         header.append(line)
-    assert len(header) >= 3, f"{name}.attn needs a header comment citing the model config"
+    assert len(header) >= 3, (
+        f"{name}.attn needs a header comment citing the model config"
+    )
     text = " ".join(header)
     assert "head" in text and ("config" in text.lower() or "Press et al." in text)
 
@@ -165,11 +174,15 @@ def llama3_inv_freq(
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    inv_freq_llama = torch.where(
+        wavelen > low_freq_wavelen, inv_freq / factor, inv_freq
+    )
     smooth_factor = (old_context_len / wavelen - low_freq_factor) / (
         high_freq_factor - low_freq_factor
     )
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    smoothed_inv_freq = (
+        1 - smooth_factor
+    ) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
     is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
 
@@ -193,9 +206,10 @@ def yarn_inv_freq(
     attention_factor = get_mscale(factor)
 
     def find_correction_dim(num_rotations: float) -> float:
-        return (dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (
-            2 * math.log(theta)
-        )
+        return (
+            dim
+            * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi))
+        ) / (2 * math.log(theta))
 
     low = find_correction_dim(beta_fast)
     high = find_correction_dim(beta_slow)
@@ -220,15 +234,27 @@ def yarn_inv_freq(
 
 
 def gpt_oss_inv_freq(
-    theta: float, head_dim: int, factor: float, initial_context_length: int,
-    ntk_alpha: float, ntk_beta: float,
+    theta: float,
+    head_dim: int,
+    factor: float,
+    initial_context_length: int,
+    ntk_alpha: float,
+    ntk_beta: float,
 ) -> tuple[torch.Tensor, float]:
     """openai/gpt-oss `RotaryEmbedding._compute_concentration_and_inv_freq` (torch/model.py)."""
     freq = theta ** (torch.arange(0, head_dim, 2, dtype=F64) / head_dim)
     concentration = 0.1 * math.log(factor) + 1.0
     d_half = head_dim / 2
-    low = d_half * math.log(initial_context_length / (ntk_beta * 2 * math.pi)) / math.log(theta)
-    high = d_half * math.log(initial_context_length / (ntk_alpha * 2 * math.pi)) / math.log(theta)
+    low = (
+        d_half
+        * math.log(initial_context_length / (ntk_beta * 2 * math.pi))
+        / math.log(theta)
+    )
+    high = (
+        d_half
+        * math.log(initial_context_length / (ntk_alpha * 2 * math.pi))
+        / math.log(theta)
+    )
     assert 0 < low < high < d_half - 1
     interpolation = 1.0 / (factor * freq)
     extrapolation = 1.0 / freq
@@ -243,10 +269,14 @@ def rope_cos_sin(
     """HF `RotaryEmbedding.forward`: cos/sin of shape [B, 1, S, dim] for [B, S] positions."""
     freqs = position_ids.to(F64)[:, :, None] * inv_freq[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * attention_scaling)[:, None], (emb.sin() * attention_scaling)[:, None]
+    return (emb.cos() * attention_scaling)[:, None], (emb.sin() * attention_scaling)[
+        :, None
+    ]
 
 
-def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary_pos_emb(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
 
 
@@ -323,7 +353,9 @@ def bloom_alibi_slopes(num_heads: int) -> torch.Tensor:
         extra_base = 2 ** (-(2 ** -(math.log2(2 * closest_power_of_2) - 3)))
         num_remaining = min(closest_power_of_2, num_heads - closest_power_of_2)
         extra_powers = torch.arange(1, 1 + 2 * num_remaining, 2, dtype=F64)
-        slopes = torch.cat([slopes, torch.pow(torch.tensor(extra_base, dtype=F64), extra_powers)])
+        slopes = torch.cat(
+            [slopes, torch.pow(torch.tensor(extra_base, dtype=F64), extra_powers)]
+        )
     return slopes
 
 
@@ -385,7 +417,13 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def qkv(
-    hq: int, hkv: int, d: int, sq: int = S, skv: int = S, dv: int | None = None, seed: int = 0
+    hq: int,
+    hkv: int,
+    d: int,
+    sq: int = S,
+    skv: int = S,
+    dv: int | None = None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, hq, sq, d, dtype=F64, generator=g)
@@ -396,15 +434,20 @@ def qkv(
 
 def rope_default(x: torch.Tensor, theta: float) -> torch.Tensor:
     d = x.shape[-1]
-    cos, sin = rope_cos_sin(default_inv_freq(theta, d), arange_positions(x.shape[0], x.shape[2]))
+    cos, sin = rope_cos_sin(
+        default_inv_freq(theta, d), arange_positions(x.shape[0], x.shape[2])
+    )
     return apply_rotary_pos_emb(x, cos, sin)
 
 
 def test_llama3() -> None:
     q, k, v = qkv(32, 8, 128)
     want = eager_attention(
-        rope_default(q, 500000.0), rope_default(k, 500000.0), v,
-        scaling=128**-0.5, keep=causal_keep(S, S),
+        rope_default(q, 500000.0),
+        rope_default(k, 500000.0),
+        v,
+        scaling=128**-0.5,
+        keep=causal_keep(S, S),
     )
     assert_close(run_example("llama3", q, k, v), want)
 
@@ -417,8 +460,11 @@ def test_llama3_1() -> None:
     assert not torch.allclose(inv_freq, plain) and bool(inv_freq[0] == plain[0])
     cos, sin = rope_cos_sin(inv_freq, arange_positions(B, S))
     want = eager_attention(
-        apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin), v,
-        scaling=128**-0.5, keep=causal_keep(S, S),
+        apply_rotary_pos_emb(q, cos, sin),
+        apply_rotary_pos_emb(k, cos, sin),
+        v,
+        scaling=128**-0.5,
+        keep=causal_keep(S, S),
     )
     unscaled = run_example("llama3", q, k, v)
     assert (unscaled.to(F64) - want).abs().max() > 1e-6
@@ -429,8 +475,12 @@ def test_gemma2() -> None:
     q, k, v = qkv(16, 8, 256, seed=2)
     q = q * 3.0  # push logits into the soft-cap's non-linear range
     want = eager_attention(
-        rope_default(q, 10000.0), rope_default(k, 10000.0), v,
-        scaling=256**-0.5, softcap=50.0, keep=window_keep(S, S, 4096),
+        rope_default(q, 10000.0),
+        rope_default(k, 10000.0),
+        v,
+        scaling=256**-0.5,
+        softcap=50.0,
+        keep=window_keep(S, S, 4096),
     )
     assert_close(run_example("gemma2", q, k, v), want)
 
@@ -443,8 +493,12 @@ def test_gemma2_window_scaled_down() -> None:
     small = text.replace(window_op, "attn.mask sliding_window %m {left = 15}")
     q, k, v = qkv(16, 8, 256, seed=3)
     want = eager_attention(
-        rope_default(q, 10000.0), rope_default(k, 10000.0), v,
-        scaling=256**-0.5, softcap=50.0, keep=window_keep(S, S, 16),
+        rope_default(q, 10000.0),
+        rope_default(k, 10000.0),
+        v,
+        scaling=256**-0.5,
+        softcap=50.0,
+        keep=window_keep(S, S, 16),
     )
     assert_close(run_example("gemma2", q, k, v, text=small), want)
 
@@ -456,8 +510,11 @@ def test_qwen3() -> None:
     wk = 1.0 + 0.1 * torch.randn(128, dtype=F64, generator=g)
     qn, kn = rms_norm(q, wq, 1e-6), rms_norm(k, wk, 1e-6)
     want = eager_attention(
-        rope_default(qn, 1000000.0), rope_default(kn, 1000000.0), v,
-        scaling=128**-0.5, keep=causal_keep(S, S),
+        rope_default(qn, 1000000.0),
+        rope_default(kn, 1000000.0),
+        v,
+        scaling=128**-0.5,
+        keep=causal_keep(S, S),
     )
     assert_close(run_example("qwen3", q, k, v, wq, wk), want)
 
@@ -480,16 +537,22 @@ def test_alibi(heads: int, head_dim: int) -> None:
     if heads == 16:
         assert math.isclose(slopes[0], 2**-0.5) and math.isclose(slopes[-1], 2**-8)
     else:  # 64 geometric slopes of base 2^-1/8, then 48 odd powers of 2^-1/16
-        assert math.isclose(slopes[63], 2**-8) and math.isclose(slopes[64], 2**-(1 / 16))
+        assert math.isclose(slopes[63], 2**-8) and math.isclose(
+            slopes[64], 2 ** -(1 / 16)
+        )
     i = torch.arange(S, dtype=F64)[:, None]
     j = torch.arange(S, dtype=F64)[None, :]
     bias = slopes[None, :, None, None] * (j - i)  # [1, H, Sq, Skv]
-    want = eager_attention(q, k, v, scaling=head_dim**-0.5, bias=bias, keep=causal_keep(S, S))
+    want = eager_attention(
+        q, k, v, scaling=head_dim**-0.5, bias=bias, keep=causal_keep(S, S)
+    )
     text = None if heads == 16 else bloom_176b_alibi_text()
     assert_close(run_example("alibi", q, k, v, text=text), want)
 
 
-def packed_documents(batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_documents(
+    batch: int, seq: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random document boundaries: ([B, S] position ids restarting per document, doc ids)."""
     g = torch.Generator().manual_seed(seed)
     pos = torch.empty(batch, seq, dtype=torch.int32)
@@ -510,10 +573,15 @@ def test_document() -> None:
     assert doc.max() >= 3
     inv_freq = default_inv_freq(500000.0, 128)
     cos, sin = rope_cos_sin(inv_freq, pos)
-    keep = causal_keep(S, S)[None, None] & (doc[:, None, :, None] == doc[:, None, None, :])
+    keep = causal_keep(S, S)[None, None] & (
+        doc[:, None, :, None] == doc[:, None, None, :]
+    )
     want = eager_attention(
-        apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin), v,
-        scaling=128**-0.5, keep=keep,
+        apply_rotary_pos_emb(q, cos, sin),
+        apply_rotary_pos_emb(k, cos, sin),
+        v,
+        scaling=128**-0.5,
+        keep=keep,
     )
     assert_close(run_example("document", q, k, v, pos, doc), want)
 
@@ -524,15 +592,21 @@ def test_gpt_oss(seq: int) -> None:
     q, k, v = qkv(64, 8, 64, sq=seq, skv=seq, seed=7)
     g = torch.Generator().manual_seed(70)
     sinks = torch.randn(64, dtype=F64, generator=g) + 1.0
-    inv_freq, attention_factor = yarn_inv_freq(150000.0, 64, 32.0, 4096, 32.0, 1.0, truncate=False)
+    inv_freq, attention_factor = yarn_inv_freq(
+        150000.0, 64, 32.0, 4096, 32.0, 1.0, truncate=False
+    )
     # The reference implementation's own formula gives the same frequencies.
     oss_freq, concentration = gpt_oss_inv_freq(150000.0, 64, 32.0, 4096, 1.0, 32.0)
     torch.testing.assert_close(inv_freq, oss_freq, rtol=1e-15, atol=0)
     assert attention_factor == concentration
     cos, sin = rope_cos_sin(inv_freq, arange_positions(B, seq), attention_factor)
     want = eager_attention(
-        apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin), v,
-        scaling=64**-0.5, keep=window_keep(seq, seq, 128), sinks=sinks,
+        apply_rotary_pos_emb(q, cos, sin),
+        apply_rotary_pos_emb(k, cos, sin),
+        v,
+        scaling=64**-0.5,
+        keep=window_keep(seq, seq, 128),
+        sinks=sinks,
     )
     assert_close(run_example("gpt_oss", q, k, v, sinks), want)
 
@@ -541,7 +615,9 @@ def test_gpt_oss(seq: int) -> None:
 def test_t5_bias(sq: int, skv: int) -> None:
     q, k, v = qkv(12, 12, 64, sq=sq, skv=skv, seed=8)
     g = torch.Generator().manual_seed(80)
-    table = torch.randn(32, 12, dtype=F64, generator=g)  # relative_attention_bias.weight
+    table = torch.randn(
+        32, 12, dtype=F64, generator=g
+    )  # relative_attention_bias.weight
     bias = t5_position_bias(table, sq, skv)
     assert bias.shape == (1, 12, sq, skv)
     want = eager_attention(q, k, v, scaling=1.0, bias=bias)
@@ -558,7 +634,13 @@ def test_dropout() -> None:
     dropped = 1.0 - keep.double().mean().item()
     assert 0.05 < dropped < 0.15, f"drop rate {dropped:.3f} far from p = {p}"
     want = eager_attention(
-        q, k, v, scaling=64**-0.5, keep=causal_keep(S, S), dropout_keep=keep, dropout_p=p
+        q,
+        k,
+        v,
+        scaling=64**-0.5,
+        keep=causal_keep(S, S),
+        dropout_keep=keep,
+        dropout_p=p,
     )
     assert_close(run_example("dropout", q, k, v, seed), want)
     # Another seed gives another mask.
@@ -567,8 +649,15 @@ def test_dropout() -> None:
 
 
 _NUMERIC_TESTS: Sequence[str] = (
-    "test_llama3", "test_llama3_1", "test_gemma2", "test_qwen3", "test_alibi",
-    "test_document", "test_gpt_oss", "test_t5_bias", "test_dropout",
+    "test_llama3",
+    "test_llama3_1",
+    "test_gemma2",
+    "test_qwen3",
+    "test_alibi",
+    "test_document",
+    "test_gpt_oss",
+    "test_t5_bias",
+    "test_dropout",
 )
 
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-import torch
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType
 from xdsl.dialects.func import FuncOp
@@ -101,28 +101,115 @@ _TYPE = re.compile(
     r"tensor<[^<>]*>|!attn\.(?:scores|probs)<[^<>]*>|\b(?:i1|i32|i64|f16|bf16|f32|f64|index)\b"
 )
 NUMBERS = (
-    "0", "1", "2", "3", "-1", "7", "33", "64", "65", "128", "4096", "0.0", "-0.5", "1.0",
-    "0.1", "1.0e-06", "1e-6", "1.0e999", "9223372036854775808", "99999999999999999999",
-    "1.5", "2.5e+300",
+    "0",
+    "1",
+    "2",
+    "3",
+    "-1",
+    "7",
+    "33",
+    "64",
+    "65",
+    "128",
+    "4096",
+    "0.0",
+    "-0.5",
+    "1.0",
+    "0.1",
+    "1.0e-06",
+    "1e-6",
+    "1.0e999",
+    "9223372036854775808",
+    "99999999999999999999",
+    "1.5",
+    "2.5e+300",
 )
 TYPES = (
-    "tensor<?x0x?x64xf16>", "tensor<?x8x?x0xf16>", "tensor<?x?x?x?xf32>", "tensor<8xf32>",
-    "tensor<?xi32>", "tensor<?x?xi32>", "tensor<0xf32>", "tensor<1x8x?x?xf32>",
-    "tensor<?x8x?x64xi32>", "tensor<f32>", "tensor<*xf32>", "tensor<?x8x?x64xf64>",
-    "!attn.scores<?x8x?x?xf32>", "!attn.scores<1x2x3x4xf32>", "!attn.probs<?x8x?x?xf32>",
-    "!attn.scores<?x8x?xf32>", "!attn.probs<?x8x?x?xf16>", "!attn.scores<>",
-    "i1", "i32", "i64", "f32", "index", "none", "vector<4xf32>", "memref<4xf32>",
-    "complex<f32>", "tuple<>", "!attn.nope",
+    "tensor<?x0x?x64xf16>",
+    "tensor<?x8x?x0xf16>",
+    "tensor<?x?x?x?xf32>",
+    "tensor<8xf32>",
+    "tensor<?xi32>",
+    "tensor<?x?xi32>",
+    "tensor<0xf32>",
+    "tensor<1x8x?x?xf32>",
+    "tensor<?x8x?x64xi32>",
+    "tensor<f32>",
+    "tensor<*xf32>",
+    "tensor<?x8x?x64xf64>",
+    "!attn.scores<?x8x?x?xf32>",
+    "!attn.scores<1x2x3x4xf32>",
+    "!attn.probs<?x8x?x?xf32>",
+    "!attn.scores<?x8x?xf32>",
+    "!attn.probs<?x8x?x?xf16>",
+    "!attn.scores<>",
+    "i1",
+    "i32",
+    "i64",
+    "f32",
+    "index",
+    "none",
+    "vector<4xf32>",
+    "memref<4xf32>",
+    "complex<f32>",
+    "tuple<>",
+    "!attn.nope",
 )
 KEYWORDS = (
-    "causal", "sliding_window", "document", "prefix_lm", "custom", "alibi", "tensor",
-    "positions", "weight", "slopes", "sinks", "theta", "style", "rotary_dim", "offset",
-    "scaling", "factor", "cap", "left", "right", "prefix", "align", "p", "eps", "scale",
-    "max_bias", "truncate", "placement", "attn.rope", "attn.qk_norm", "attn.scores",
-    "attn.bias", "attn.softcap", "attn.mask", "attn.score_mod", "attn.softmax",
-    "attn.dropout", "attn.weighted_sum", "attn.yield", "func.return", "arith.constant",
-    '"half"', '"yarn"', '"bottom_right"', "%q", "%s", "%seed", "^bb0",
-    '"bogus"', '"custom"', '"tensor"', "kind", "operandSegmentSizes", "^bb1",
+    "causal",
+    "sliding_window",
+    "document",
+    "prefix_lm",
+    "custom",
+    "alibi",
+    "tensor",
+    "positions",
+    "weight",
+    "slopes",
+    "sinks",
+    "theta",
+    "style",
+    "rotary_dim",
+    "offset",
+    "scaling",
+    "factor",
+    "cap",
+    "left",
+    "right",
+    "prefix",
+    "align",
+    "p",
+    "eps",
+    "scale",
+    "max_bias",
+    "truncate",
+    "placement",
+    "attn.rope",
+    "attn.qk_norm",
+    "attn.scores",
+    "attn.bias",
+    "attn.softcap",
+    "attn.mask",
+    "attn.score_mod",
+    "attn.softmax",
+    "attn.dropout",
+    "attn.weighted_sum",
+    "attn.yield",
+    "func.return",
+    "arith.constant",
+    '"half"',
+    '"yarn"',
+    '"bottom_right"',
+    "%q",
+    "%s",
+    "%seed",
+    "^bb0",
+    '"bogus"',
+    '"custom"',
+    '"tensor"',
+    "kind",
+    "operandSegmentSizes",
+    "^bb1",
 )
 JUNK = "{}()<>[],:=%^@!#?x-.+*/\\\n\t\x00é∞ '0"
 """Junk characters; no `"`: an unterminated string literal hangs xDSL's lexer (see
@@ -230,7 +317,9 @@ mutations = st.builds(
     b=st.integers(0, 10_000),
     choice=st.integers(0, 1_000),
 )
-programs = st.tuples(st.sampled_from(SEED_NAMES), st.lists(mutations, min_size=1, max_size=3))
+programs = st.tuples(
+    st.sampled_from(SEED_NAMES), st.lists(mutations, min_size=1, max_size=3)
+)
 
 
 def mutate(name: str, edits: list[Mutation]) -> str:
@@ -320,7 +409,7 @@ NON_ASCII_ESCAPE = re.compile(r"\\[89A-F][0-9A-F]")
 """How xDSL's generic printer escapes a non-ASCII byte in a string attribute."""
 
 
-_LOCATED = re.compile(r"^fuzz\.attn:\d+:\d+: error: ", re.M)
+_LOCATED = re.compile(r"^fuzz\.attn:\d+:\d+: error: ", re.MULTILINE)
 
 
 def run_driver(text: str) -> tuple[int, str, str]:
@@ -337,7 +426,11 @@ def run_driver(text: str) -> tuple[int, str, str]:
                     driver_main(["fuzz.attn"])
                     code = 0
                 except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    code = (
+                        e.code
+                        if isinstance(e.code, int)
+                        else (0 if e.code is None else 1)
+                    )
         finally:
             os.chdir(cwd)
     return code, out.getvalue(), err.getvalue()
@@ -360,7 +453,9 @@ def check_driver(text: str, *, allow_known_gaps: bool = True) -> None:
     module = parse_and_verify(text)
     if module is None:
         assert code == 1, f"exit {code} for an invalid program:\n{err}"
-        assert _LOCATED.search(err), f"no file:line:col diagnostic:\n{err}\n--- input:\n{text}"
+        assert _LOCATED.search(err), (
+            f"no file:line:col diagnostic:\n{err}\n--- input:\n{text}"
+        )
     else:
         assert code == 0, err
         assert out.strip() == str(module).strip()
@@ -403,11 +498,17 @@ def uses_before_definition(module: ModuleOp) -> bool:
     dominance, so `%a = f(%b); %b = g(%a)` verifies (reported)."""
     for op in module.walk():
         block = op.parent_block()
+        if block is None:
+            continue
+        position = block.get_operation_index(op)
         for operand in op.operands:
             owner = operand.owner
-            if isinstance(owner, Operation) and owner.parent_block() is block:
-                if block is not None and block.get_operation_index(owner) >= block.get_operation_index(op):
-                    return True
+            if (
+                isinstance(owner, Operation)
+                and owner.parent_block() is block
+                and block.get_operation_index(owner) >= position
+            ):
+                return True
     return False
 
 
@@ -428,7 +529,10 @@ def call_arguments(fn: FuncOp, seed: int) -> list[object]:
             args.append(1.0)
             continue
         batch_first = len(dims) > 1 or (arg.name_hint or "").startswith("prefix")
-        shape = [(2 if i == 0 and batch_first else 5) if d < 0 else d for i, d in enumerate(dims)]
+        shape = [
+            (2 if i == 0 and batch_first else 5) if d < 0 else d
+            for i, d in enumerate(dims)
+        ]
         if isinstance(ty, TensorType) and isinstance(ty.element_type, IntegerType):
             args.append(torch.randint(1, 4, shape, generator=g))
         else:
@@ -448,14 +552,16 @@ custom_programs = st.tuples(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 @given(custom_programs)
-def test_verified_mutants_run_on_the_reference(program: tuple[str, list[Mutation]]) -> None:
+def test_verified_mutants_run_on_the_reference(
+    program: tuple[str, list[Mutation]],
+) -> None:
     """What verifies must run: the reference may reject the *arguments* (ReferenceError),
     but never crash on a program the verifier accepted (this found the yarn theta /
     original_max_position / beta gaps)."""
     name, edits = program
     try:
         module = parse_and_verify(mutate(name, edits))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         assume(not is_upstream_gap(e))
         raise
     assume(module is not None and not uses_before_definition(module))
@@ -492,14 +598,18 @@ TEXT_REGRESSIONS: dict[str, tuple[str, str, str]] = {
     # were: verified, then the reference crashed (ZeroDivisionError / math domain error)
     "yarn with theta 1": ("gpt_oss", "theta = 150000.0", "theta = 1.0"),
     "yarn with original_max_position 0": (
-        "gpt_oss", "original_max_position = 4096", "original_max_position = 0"
+        "gpt_oss",
+        "original_max_position = 4096",
+        "original_max_position = 0",
     ),
     "yarn with beta_fast 0": ("gpt_oss", "beta_fast = 32.0", "beta_fast = 0.0"),
     # was: accepted, printed as `cap = inf`, which does not parse
     "non-finite float option": ("gemma2", "{cap = 50.0}", "{cap = 1.0e999}"),
     # was: "error: Integer value ... out of range" without a location
     "int option beyond i64": (
-        "gpt_oss", "original_max_position = 4096", "original_max_position = 9223372036854775808"
+        "gpt_oss",
+        "original_max_position = 4096",
+        "original_max_position = 9223372036854775808",
     ),
 }
 
@@ -526,7 +636,11 @@ GENERIC_REGRESSIONS: dict[str, tuple[str, str, str]] = {
     # was: KeyError 'bogus' in attn.mask's verifier
     "unknown mask kind": ("generic.gemma2", 'kind = "causal"', 'kind = "bogus"'),
     # was: accepted, then the reference failed on the unknown style
-    "style outside its choices": ("generic.attn_ops.rope", 'style = "half"', 'style = "neox"'),
+    "style outside its choices": (
+        "generic.attn_ops.rope",
+        'style = "half"',
+        'style = "neox"',
+    ),
     # was: ValueError from Region.block in attn.mask's verifier
     "two-block custom mask": (
         "attn_ops.mask",
@@ -535,7 +649,9 @@ GENERIC_REGRESSIONS: dict[str, tuple[str, str, str]] = {
     ),
     # was: accepted; the custom form then printed `theta = inf`, which does not parse
     "infinite float in the generic form": (
-        "generic.llama3", "theta = 5.000000e+05 : f64", "theta = 0x7FF0000000000000 : f64"
+        "generic.llama3",
+        "theta = 5.000000e+05 : f64",
+        "theta = 0x7FF0000000000000 : f64",
     ),
 }
 
@@ -569,10 +685,14 @@ def test_driver_regressions(case: str) -> None:
     check_driver(text)
 
 
-HANGING_INPUT = SEEDS["gemma2"].replace('{cap = 50.0}', '{cap = 50.0, "capped by Gemma 2}')
+HANGING_INPUT = SEEDS["gemma2"].replace(
+    "{cap = 50.0}", '{cap = 50.0, "capped by Gemma 2}'
+)
 
 
-@pytest.mark.xfail(strict=True, reason="xDSL 0.75 lexer: exponential backtracking, reported")
+@pytest.mark.xfail(
+    strict=True, reason="xDSL 0.75 lexer: exponential backtracking, reported"
+)
 def test_unterminated_string_does_not_hang() -> None:
     """One stray `"` must give a parse error at once, not hang the parser.
 
@@ -595,6 +715,7 @@ def test_unterminated_string_does_not_hang() -> None:
         proc = subprocess.run(
             [sys.executable, "-c", code],
             input=HANGING_INPUT,
+            check=False,
             capture_output=True,
             text=True,
             timeout=5,
@@ -622,7 +743,9 @@ def test_known_upstream_gaps_are_classified(case: str) -> None:
     assert _upstream_gap_in(text)
 
 
-@pytest.mark.xfail(strict=True, reason="xDSL gaps (see is_upstream_gap), reported to the driver")
+@pytest.mark.xfail(
+    strict=True, reason="xDSL gaps (see is_upstream_gap), reported to the driver"
+)
 @pytest.mark.parametrize("case", sorted(KNOWN_UPSTREAM_GAPS))
 def test_known_upstream_gaps(case: str) -> None:
     """The driver should report these as located errors; fixing one makes this XPASS."""

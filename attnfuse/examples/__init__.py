@@ -32,9 +32,9 @@ _CHECKOUT_ROOT = _PACKAGE_DIR.parent.parent
 def _checkout_dir() -> Path | None:
     """The repository's `examples/` directory when running from a source checkout."""
     candidate = _CHECKOUT_ROOT / "examples"
-    if (_CHECKOUT_ROOT / "pyproject.toml").is_file() and candidate.is_dir():
-        if any(candidate.glob(f"*{SUFFIX}")):
-            return candidate
+    in_checkout = (_CHECKOUT_ROOT / "pyproject.toml").is_file() and candidate.is_dir()
+    if in_checkout and any(candidate.glob(f"*{SUFFIX}")):
+        return candidate
     return None
 
 
