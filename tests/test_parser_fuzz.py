@@ -700,7 +700,7 @@ def test_unterminated_string_does_not_hang() -> None:
     exponentially in the length of the rest of the line when the closing quote is missing
     (30 characters already take half a minute). The fix is the equivalent linear pattern
     `"(?:[^"\\\n\v\f]|\\(...))*"` for `MLIRLexer._unescaped_characters_regex`.
-    Checked in a subprocess with a 5 s limit.
+    Checked in a subprocess with a 3 s limit.
     """
     code = (
         "import sys\n"
@@ -718,11 +718,11 @@ def test_unterminated_string_does_not_hang() -> None:
             check=False,
             capture_output=True,
             text=True,
-            timeout=5,
+            timeout=3,
             cwd=REPO,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("parsing an unterminated string literal did not finish in 5 s")
+        pytest.fail("parsing an unterminated string literal did not finish in 3 s")
     assert proc.stdout.strip() == "ParseError", proc.stderr
 
 
