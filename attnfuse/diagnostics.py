@@ -22,6 +22,7 @@ This module fixes that with a side table:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
@@ -38,7 +39,14 @@ from xdsl.utils.exceptions import (
     VerifyException,
 )
 from xdsl.utils.lexer import Span
-from xdsl.utils.mlir_lexer import MLIRTokenKind
+from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
+
+# xDSL 0.75's string-literal regex nests quantifiers (`(?:[^"...]+|...)*`): an unclosed
+# `"` makes it backtrack exponentially (30 characters took 34 s). The same language,
+# matched one character at a time, is linear.
+MLIRLexer._unescaped_characters_regex = re.compile(  # noqa: SLF001
+    r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"'
+)
 
 __all__ = [
     "LocatedError",
