@@ -111,6 +111,7 @@ class AttentionFunction:
         analyzed = analyze(function)
         self._symbolic = symbolic_shapes(analyzed)
         self._shared_length = shared_length_operand(analyzed)
+        self._qkv = (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg)
         self.parameters = [
             Parameter(i, a.name_hint or f"arg{i}", a.type) for i, a in enumerate(function.args)
         ]
@@ -223,8 +224,7 @@ class AttentionFunction:
     def _check_consistent(self, args: Sequence[Any]) -> None:
         """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
         k, then every tensor argument is checked against its expected shape."""
-        q_index = next(i for i, s in self._symbolic.items() if len(s) == 4 and s[2] == "Sq")
-        k_index = next(i for i, s in self._symbolic.items() if len(s) == 4 and s[2] == "Skv")
+        q_index, k_index, _ = self._qkv
         q, k = args[q_index], args[k_index]
         sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
         if self._shared_length is not None and sizes["Sq"] != sizes["Skv"]:
@@ -236,7 +236,10 @@ class AttentionFunction:
         for index, symbols in sorted(self._symbolic.items()):
             arg = args[index]
             want = [sizes[s] if isinstance(s, str) else s for s in symbols]
-            if list(arg.shape) != want:
+            got = list(arg.shape)
+            if index not in self._qkv and len(got) == len(want) and symbols and symbols[0] == "B" and got[0] == 1:
+                want[0] = 1  # an extra operand may broadcast over the batch (read with stride 0)
+            if got != want:
                 shown = ", ".join(f"{s}={sizes[s]}" if isinstance(s, str) else str(s) for s in symbols)
                 param = self.parameters[index]
                 raise AttnfuseArgumentError(
