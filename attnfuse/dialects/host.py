@@ -25,6 +25,7 @@ from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, SymbolRefAtt
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
+    ParsePropInAttrDict,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
@@ -112,7 +113,7 @@ class ReduceSumOp(IRDLOperation):
     Used to finish deterministic gradient reductions (per-program partial sums).
 
     ```mlir
-    %d_sinks = host.reduce_sum %partials dims array<i64: 0, 2> : tensor<?x64x?xf32> -> tensor<64xf32>
+    %d_sinks = host.reduce_sum %partials {dims = array<i64: 0, 2>} : tensor<?x64x?xf32> -> tensor<64xf32>
     ```
     """
 
@@ -121,7 +122,8 @@ class ReduceSumOp(IRDLOperation):
     dims = prop_def(DenseArrayBase)
     keepdim = opt_prop_def(UnitAttr)
     result = result_def(TensorType)
-    assembly_format = "$input `dims` $dims (`keepdim` $keepdim^)? attr-dict `:` type($input) `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
 
 @irdl_op_definition

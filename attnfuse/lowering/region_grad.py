@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from xdsl.dialects import arith, math
+from xdsl.dialects import arith, math, tensor
 from xdsl.ir import Block, Operation, SSAValue
 
 from attnfuse.dialects.attn import YieldOp
@@ -61,6 +61,8 @@ RULES: dict[type[Operation], Adjoint] = {
     math.AbsFOp: lambda b, op, env, g: [b.where(b.ge(_v(env, op, 0), 0.0), g, b.neg(g))],
     math.SinOp: lambda b, op, env, g: [b.mul(g, b.cos(_v(env, op, 0)))],
     math.CosOp: lambda b, op, env, g: [b.neg(b.mul(g, b.sin(_v(env, op, 0))))],
+    # Captured tables are constants of the backward: no gradient flows into them.
+    tensor.ExtractOp: lambda b, op, env, g: [None] * len(op.operands),
     arith.ExtFOp: lambda b, op, env, g: [g],
     arith.TruncFOp: lambda b, op, env, g: [g],
 }
