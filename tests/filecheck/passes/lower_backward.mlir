@@ -135,11 +135,11 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // FUSED:         %d_norm_w_partial0 = host.alloc %q_slots : tensor<?x32xf32>
 // FUSED:         host.launch @learn_bwd_dq[{{.*}}] (%q, %k, %v, %out, %wq, %table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q, %d_bias1, %d_slopes0, %d_sinks, %d_norm_w_partial0)
 // FUSED:         host.launch @learn_bwd_dkdv[{{.*}}] (%q, %k, %v, %out, %wq, %table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v)
-// FUSED-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_norm_w_partial0 dims {{.*}} : tensor<?x32xf32> -> tensor<32xf32>
+// FUSED-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_norm_w_partial0 {dims = {{.*}}} : tensor<?x32xf32> -> tensor<32xf32>
 // FUSED-NEXT:    %d_norm_w = host.convert %d_norm_w_f32 : tensor<32xf32> -> tensor<32xbf16>
-// FUSED-NEXT:    %d_bias_f32 = host.reduce_sum %d_bias1 dims {{.*}} keepdim : tensor<?x4x?x?xf32> -> tensor<1x4x?x?xf32>
-// FUSED-NEXT:    %d_slopes_f32 = host.reduce_sum %d_slopes0 dims {{.*}} : tensor<?x4x?xf32> -> tensor<4xf32>
-// FUSED-NEXT:    %d_sinks_f32 = host.reduce_sum %d_sinks dims {{.*}} : tensor<?x4x?xf32> -> tensor<4xf32>
+// FUSED-NEXT:    %d_bias_f32 = host.reduce_sum %d_bias1 {dims = {{.*}}, keepdim} : tensor<?x4x?x?xf32> -> tensor<1x4x?x?xf32>
+// FUSED-NEXT:    %d_slopes_f32 = host.reduce_sum %d_slopes0 {dims = {{.*}}} : tensor<?x4x?xf32> -> tensor<4xf32>
+// FUSED-NEXT:    %d_sinks_f32 = host.reduce_sum %d_sinks {dims = {{.*}}} : tensor<?x4x?xf32> -> tensor<4xf32>
 // FUSED-NEXT:    func.return %d_q, %d_k, %d_v, %d_norm_w, %d_bias_f32, %d_slopes_f32, %d_sinks_f32
 // FUSED:       tile.kernel @learn_bwd_dq(
 // FUSED-SAME:      %d_bias1: !tile.ptr<f32>
@@ -167,7 +167,7 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // HYBRID:         host.launch @learn_bwd_dkdv[
 // HYBRID:         %d_q_norm_w0 = host.alloc %q_pre_slots : tensor<?x32xf32>
 // HYBRID:         host.launch @learn_bwd_q_prologue_transpose[{{.*}}] (%q, %d_q_rotated, %d_q, %wq, %table, %d_q_norm_w0, %batch, %q_len)
-// HYBRID-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_q_norm_w0 dims
+// HYBRID-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_q_norm_w0 {dims
 // HYBRID-NEXT:    %d_norm_w = host.convert %d_norm_w_f32 : tensor<32xf32> -> tensor<32xbf16>
 // HYBRID:         func.return %d_q, %d_k, %d_v, %d_norm_w, %d_bias_f32, %d_slopes_f32, %d_sinks_f32
 func.func @learn(%q: tensor<?x4x?x32xf32>, %k: tensor<?x2x?x32xf32>, %v: tensor<?x2x?x32xf32>,
