@@ -23,15 +23,20 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
 
-import attnfuse  # noqa: E402
-from attnfuse.backends.triton.loader import SM90_PTX_TARGET, compile_kernel_for_sm90, ptx_target  # noqa: E402
-from attnfuse.diagnostics import parse_module_with_locations  # noqa: E402
-from attnfuse.dialects.host import LaunchOp  # noqa: E402
-from attnfuse.dialects.tile import KernelOp  # noqa: E402
-from attnfuse.pass_manager import PassManager, make_context  # noqa: E402
-from attnfuse.passes import DEFAULT_PIPELINE  # noqa: E402
-from attnfuse.testing import make_inputs  # noqa: E402
-from programs import Builder, Program  # noqa: E402
+from programs import Builder, Program
+
+import attnfuse
+from attnfuse.backends.triton.loader import (
+    SM90_PTX_TARGET,
+    compile_kernel_for_sm90,
+    ptx_target,
+)
+from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.dialects.host import LaunchOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.pass_manager import PassManager, make_context
+from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.testing import make_inputs
 
 STRATEGIES = ("fused", "hybrid", "separate")
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
@@ -69,7 +74,11 @@ def lower(text: str, pipeline: str) -> ModuleOp:
 
 
 def backward_of(module: ModuleOp) -> func.FuncOp:
-    found = [op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data.endswith("_backward")]
+    found = [
+        op
+        for op in module.ops
+        if isinstance(op, func.FuncOp) and op.sym_name.data.endswith("_backward")
+    ]
     assert len(found) == 1, [op.sym_name.data for op in found]
     return found[0]
 
@@ -116,8 +125,11 @@ def test_fused_backward_has_no_prekernel(name: str) -> None:
 
 def test_fused_backward_from_lowered_ir() -> None:
     """The same, read from what attnfuse.compile keeps (`fn.lowered_ir`)."""
-    fn = compile_once(EXAMPLE_TEXT["qwen3"], DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"))
-    host = fn.lowered_ir[fn.lowered_ir.index("func.func @qwen3_backward"):]
+    fn = compile_once(
+        EXAMPLE_TEXT["qwen3"],
+        DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"),
+    )
+    host = fn.lowered_ir[fn.lowered_ir.index("func.func @qwen3_backward") :]
     host = host[: host.index("func.return")]
     assert "host.launch @qwen3_bwd_dq" in host and "host.launch @qwen3_bwd_dkdv" in host
     assert "prologue" not in host
@@ -132,8 +144,15 @@ def test_prekernel_backward_has_transposes(name: str, strategy: str) -> None:
     bwd = backward_of(module)
     names = [n for n in launched(bwd) if not n.endswith("_block_map")]
     p = f"{name}_bwd_"
-    assert names == [p + "q_prologue", p + "k_prologue", p + "preprocess", p + "dq", p + "dkdv",
-                     p + "q_prologue_transpose", p + "k_prologue_transpose"]
+    assert names == [
+        p + "q_prologue",
+        p + "k_prologue",
+        p + "preprocess",
+        p + "dq",
+        p + "dkdv",
+        p + "q_prologue_transpose",
+        p + "k_prologue_transpose",
+    ]
     assert set(names) <= set(kernels(module))
     by_name = {op.kernel.root_reference.data: op for op in launches(bwd)}
     ret = bwd.body.block.last_op
@@ -152,19 +171,31 @@ def test_prekernel_backward_has_transposes(name: str, strategy: str) -> None:
 @pytest.mark.parametrize("name", ["alibi", "dropout", "t5_bias"])
 def test_no_transforms_no_prekernel(name: str, strategy: str) -> None:
     bwd = backward_of(lower(EXAMPLE_TEXT[name], PIPELINE.format(strategy)))
-    assert launched(bwd) == [f"{name}_bwd_preprocess", f"{name}_bwd_dq", f"{name}_bwd_dkdv"]
+    assert launched(bwd) == [
+        f"{name}_bwd_preprocess",
+        f"{name}_bwd_dq",
+        f"{name}_bwd_dkdv",
+    ]
 
 
 def test_one_side_transform_separate() -> None:
     """RoPE on Q only, separate: a Q pre-kernel and its transpose, nothing for K."""
     p = Builder(hq=2, hkv=1, d=32).rope("q").mask("causal").build()
     names = launched(backward_of(lower(p.text, PIPELINE.format("separate"))))
-    assert names == ["f_bwd_q_prologue", "f_bwd_preprocess", "f_bwd_dq", "f_bwd_dkdv", "f_bwd_q_prologue_transpose"]
+    assert names == [
+        "f_bwd_q_prologue",
+        "f_bwd_preprocess",
+        "f_bwd_dq",
+        "f_bwd_dkdv",
+        "f_bwd_q_prologue_transpose",
+    ]
 
 
 def test_document_backward_block_map() -> None:
     """Document masks: the backward builds its own runtime block map before the dQ kernel."""
-    names = launched(backward_of(lower(EXAMPLE_TEXT["document"], PIPELINE.format("fused"))))
+    names = launched(
+        backward_of(lower(EXAMPLE_TEXT["document"], PIPELINE.format("fused")))
+    )
     assert "document_bwd_block_map" in names
     assert names.index("document_bwd_block_map") < names.index("document_bwd_dq")
 
@@ -187,7 +218,11 @@ EXPECTED_GRAD_OF = {
 @pytest.mark.parametrize("name", sorted(EXAMPLE_TEXT))
 def test_grad_of_examples(name: str) -> None:
     bwd = backward_of(lower(EXAMPLE_TEXT[name], PIPELINE.format("hybrid")))
-    forward = next(op for op in lower(EXAMPLE_TEXT[name], "attn-canonicalize").ops if isinstance(op, func.FuncOp))
+    forward = next(
+        op
+        for op in lower(EXAMPLE_TEXT[name], "attn-canonicalize").ops
+        if isinstance(op, func.FuncOp)
+    )
     indices = grad_of(bwd)
     assert sorted(indices) == EXPECTED_GRAD_OF.get(name, sorted(indices))
     outputs = bwd.function_type.outputs.data
@@ -196,14 +231,21 @@ def test_grad_of_examples(name: str) -> None:
         assert ty == forward.args[i].type, (i, ty)
     # arguments: the forward's, then out, lse, d_out, d_lse
     n = len(forward.args)
-    assert [a.name_hint for a in bwd.body.block.args[n:]] == ["out", "lse", "d_out", "d_lse"]
+    assert [a.name_hint for a in bwd.body.block.args[n:]] == [
+        "out",
+        "lse",
+        "d_out",
+        "d_lse",
+    ]
     assert list(bwd.function_type.inputs.data[:n]) == [a.type for a in forward.args]
 
 
 def _all_learnables() -> Program:
     b = Builder(hq=4, hkv=2, d=32)
     pos = b.positions(2)
-    b.qk_norm(weight="f32").rope(positions=pos).alibi(slopes=True).bias((1, 4, "?", "?"))
+    b.qk_norm(weight="f32").rope(positions=pos).alibi(slopes=True).bias(
+        (1, 4, "?", "?")
+    )
     return b.mask("causal").build(sinks=True)
 
 
@@ -229,24 +271,44 @@ def test_gradients_method_slots() -> None:
         if a.name == "pos":
             assert grad is None
         else:
-            assert grad is not None and grad.shape == arg.shape and grad.dtype == arg.dtype, a.name
+            assert (
+                grad is not None and grad.shape == arg.shape and grad.dtype == arg.dtype
+            ), a.name
 
 
 # ============================================================================ determinism
 
 
-def _grads_twice(text: str, args: list[Any], pipeline: str, *, memo: bool = True) -> tuple[list[Any], list[Any]]:
-    fn = compile_once(text, pipeline) if memo else attnfuse.compile(text, pipeline=pipeline)
+def _grads_twice(
+    text: str, args: list[Any], pipeline: str, *, memo: bool = True
+) -> tuple[list[Any], list[Any]]:
+    fn = (
+        compile_once(text, pipeline)
+        if memo
+        else attnfuse.compile(text, pipeline=pipeline)
+    )
     g = None
     runs = []
     for _ in range(2):
-        leaves = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                  else a for a in args]
+        leaves = [
+            a.detach().clone().requires_grad_(True)
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a
+            for a in args
+        ]
         out = fn(*leaves)
         if g is None:
-            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(
+                out.dtype
+            )
         out.backward(g)
-        runs.append([leaf.grad for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()])
+        runs.append(
+            [
+                leaf.grad
+                for leaf in leaves
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+            ]
+        )
     return runs[0], runs[1]
 
 
@@ -271,7 +333,7 @@ def test_dropout_backward_is_deterministic() -> None:
 # ============================================================================ disk cache
 
 _CACHE_BUG = (
-    "host.reduce_sum prints its `dims` DenseArrayBase as `dims <i64, \"\\00...\">`, which the parser "
+    'host.reduce_sum prints its `dims` DenseArrayBase as `dims <i64, "\\00...">`, which the parser '
     "rejects: a program with a learnable operand (norm weight, bias, slopes, sinks) fails on its second "
     "attnfuse.compile (disk cache hit) with ParseError 'host.reduce_sum' op parameter 'data' does not verify"
 )
@@ -287,10 +349,19 @@ CACHE_PROGRAMS = {
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=[] if n == "rope" else pytest.mark.xfail(strict=True, reason=_CACHE_BUG))
-     for n in CACHE_PROGRAMS],
+    [
+        pytest.param(
+            n,
+            marks=[]
+            if n == "rope"
+            else pytest.mark.xfail(strict=True, reason=_CACHE_BUG),
+        )
+        for n in CACHE_PROGRAMS
+    ],
 )
-def test_backward_from_disk_cache(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backward_from_disk_cache(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Compiled twice into one cache dir: the second (a cache hit) gives bit-identical gradients."""
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))
     p = CACHE_PROGRAMS[name](Builder(hq=2, hkv=1, d=32))
@@ -310,10 +381,18 @@ def _sm90_kernels(name: str) -> dict[str, KernelOp]:
     dQ / dK/dV kernels of strategy fused, which run the transforms and their transposes
     inside."""
     text = EXAMPLE_TEXT[name]
-    found = {f"default:{k}": kernel for k, kernel in kernels(lower(text, DEFAULT_PIPELINE)).items() if "_bwd" in k}
+    found = {
+        f"default:{k}": kernel
+        for k, kernel in kernels(lower(text, DEFAULT_PIPELINE)).items()
+        if "_bwd" in k
+    }
     if name == "qwen3":
-        fused = kernels(lower(text, DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused")))
-        found.update({f"fused:{k}": fused[k] for k in (f"{name}_bwd_dq", f"{name}_bwd_dkdv")})
+        fused = kernels(
+            lower(text, DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"))
+        )
+        found.update(
+            {f"fused:{k}": fused[k] for k in (f"{name}_bwd_dq", f"{name}_bwd_dkdv")}
+        )
     return found
 
 
@@ -323,7 +402,10 @@ def test_backward_kernels_compile_for_sm90(name: str) -> None:
     short = {label.split(":")[1] for label in found}
     assert {f"{name}_bwd_preprocess", f"{name}_bwd_dq", f"{name}_bwd_dkdv"} <= short
     if name in WITH_TRANSFORMS:
-        assert {f"{name}_bwd_q_prologue_transpose", f"{name}_bwd_k_prologue_transpose"} <= short
+        assert {
+            f"{name}_bwd_q_prologue_transpose",
+            f"{name}_bwd_k_prologue_transpose",
+        } <= short
     if name == "document":
         assert "document_bwd_block_map" in short
     failures = []
@@ -342,8 +424,16 @@ def test_sm90_does_not_disturb_the_interpreter() -> None:
     """After compiling for sm_90 in this process, kernels still run on the CPU."""
     p = Builder(hq=2, hkv=1, d=32).mask("causal").build()
     fn = compile_once(p.text, PIPELINE.format("fused"))
-    args = make_inputs(next(op for op in lower(p.text, "attn-canonicalize").ops if isinstance(op, func.FuncOp)),
-                       2, 21, 21)
+    args = make_inputs(
+        next(
+            op
+            for op in lower(p.text, "attn-canonicalize").ops
+            if isinstance(op, func.FuncOp)
+        ),
+        2,
+        21,
+        21,
+    )
     leaves = [a.clone().requires_grad_(True) for a in args]
     fn(*leaves).sum().backward()
     assert all(torch.isfinite(leaf.grad).all() for leaf in leaves)

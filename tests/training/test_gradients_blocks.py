@@ -25,10 +25,11 @@ from xdsl.utils.exceptions import DiagnosticException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
 
-import attnfuse  # noqa: E402
-from attnfuse import reference  # noqa: E402
-from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close  # noqa: E402
-from programs import Builder, Program  # noqa: E402
+from programs import Builder, Program
+
+import attnfuse
+from attnfuse import reference
+from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close
 
 STRATEGIES = ("fused", "hybrid", "separate")
 PIPELINE = (
@@ -49,7 +50,9 @@ def _fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield
 
 
-def compile_training(text: str, strategy: str = "fused") -> attnfuse.api.AttentionFunction:
+def compile_training(
+    text: str, strategy: str = "fused"
+) -> attnfuse.api.AttentionFunction:
     """attnfuse.compile with lower-backward, memoised per process."""
     key = (text, strategy)
     if key not in _COMPILED:
@@ -86,7 +89,10 @@ def run_grads(
     """The kernel side: (leaves with .grad, out, lse, g, g2) after backward of
     (out * g).sum() [+ (lse * g2).sum()], g and g2 random."""
     fn = compile_training(text, strategy)
-    leaves = [a.detach().clone().requires_grad_(i not in no_grad) if _is_float(a) else a for i, a in enumerate(args)]
+    leaves = [
+        a.detach().clone().requires_grad_(i not in no_grad) if _is_float(a) else a
+        for i, a in enumerate(args)
+    ]
     result = fn(*leaves, return_lse=return_lse)
     out, lse = result if isinstance(result, tuple) else (result, None)
     gen = torch.Generator().manual_seed(seed + 1234)
@@ -124,19 +130,35 @@ def grad_check(
     """
     text = program.text if isinstance(program, Program) else program
     if names is None:
-        names = [a.name for a in program.args] if isinstance(program, Program) else [f"arg{i}" for i in range(len(args or []))]
+        names = (
+            [a.name for a in program.args]
+            if isinstance(program, Program)
+            else [f"arg{i}" for i in range(len(args or []))]
+        )
     kv_len = q_len if kv_len is None else kv_len
     if args is None:
         assert isinstance(program, Program)
         args = program.inputs(batch, q_len, kv_len, seed)
     dtype = args[0].dtype
-    leaves, out, _, g, g2 = run_grads(text, args, strategy=strategy, seed=seed, no_grad=no_grad,
-                                      return_lse=lse_grad, lse_grad=lse_grad)
+    leaves, out, _, g, g2 = run_grads(
+        text,
+        args,
+        strategy=strategy,
+        seed=seed,
+        no_grad=no_grad,
+        return_lse=lse_grad,
+        lse_grad=lse_grad,
+    )
     assert out.dtype == dtype
-    refs = [a.detach().double().requires_grad_(i not in no_grad) if _is_float(a) else a for i, a in enumerate(args)]
+    refs = [
+        a.detach().double().requires_grad_(i not in no_grad) if _is_float(a) else a
+        for i, a in enumerate(args)
+    ]
     want = reference.run(reference_text or text, *refs)
     if lse_grad:
-        assert isinstance(want, tuple) and g2 is not None, "the reference must return the lse"
+        assert isinstance(want, tuple) and g2 is not None, (
+            "the reference must return the lse"
+        )
         torch.autograd.backward([want[0], want[1]], [g.double(), g2.double()])
     else:
         want_out = want[0] if isinstance(want, tuple) else want
@@ -148,7 +170,9 @@ def grad_check(
         assert ref.grad is not None, f"reference has no gradient for {names[i]}"
         assert leaf.grad is not None, f"no gradient for {names[i]}"
         assert leaf.grad.dtype == leaf.dtype and leaf.grad.shape == leaf.shape, names[i]
-        assert_grad_close(leaf.grad, ref.grad, _coarsest(dtype, leaf.dtype), f"d{names[i]}")
+        assert_grad_close(
+            leaf.grad, ref.grad, _coarsest(dtype, leaf.dtype), f"d{names[i]}"
+        )
         checked += 1
     assert checked >= 3
     return leaves, refs
@@ -161,10 +185,23 @@ ROPE_VARIANTS: dict[str, dict[str, Any]] = {
     "interleaved": {"style": "interleaved"},
     "partial_half": {"rotary_dim": 16},
     "partial_interleaved": {"style": "interleaved", "rotary_dim": 8},
-    "llama3": {"theta": 500000.0, "scaling": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position": 8192},
-    "yarn": {"theta": 150000.0, "scaling": "yarn", "factor": 32.0, "original_max_position": 4096,
-             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": 0},
+    "llama3": {
+        "theta": 500000.0,
+        "scaling": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position": 8192,
+    },
+    "yarn": {
+        "theta": 150000.0,
+        "scaling": "yarn",
+        "factor": 32.0,
+        "original_max_position": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": 0,
+    },
 }
 
 
@@ -179,14 +216,18 @@ def test_rope(variant: str) -> None:
 )
 def test_rope_prekernel(variant: str, strategy: str) -> None:
     """Rotation recomputed in pre-kernels, gradients inverse-rotated by the transposes."""
-    grad_check(small().rope(**ROPE_VARIANTS[variant]).mask("causal").build(), strategy=strategy)
+    grad_check(
+        small().rope(**ROPE_VARIANTS[variant]).mask("causal").build(), strategy=strategy
+    )
 
 
 @pytest.mark.parametrize("rank,strategy", [(1, "fused"), (2, "separate")])
 def test_rope_positions_operand(rank: int, strategy: str) -> None:
     b = small()
     pos = b.positions(rank)
-    grad_check(b.rope(positions=pos, theta=10000.0).mask("causal").build(), strategy=strategy)
+    grad_check(
+        b.rope(positions=pos, theta=10000.0).mask("causal").build(), strategy=strategy
+    )
 
 
 def test_rope_separate_positions_sq_ne_skv() -> None:
@@ -194,7 +235,9 @@ def test_rope_separate_positions_sq_ne_skv() -> None:
     b = small()
     qpos = b.positions(2, name="qpos", seq="q", dtype="i64")
     kpos = b.positions(1, name="kpos", seq="kv")
-    b.rope("q", positions=qpos, style="interleaved").rope("k", positions=kpos, style="interleaved")
+    b.rope("q", positions=qpos, style="interleaved").rope(
+        "k", positions=kpos, style="interleaved"
+    )
     grad_check(b.mask("causal", align="bottom_right").build(), q_len=29, kv_len=45)
 
 
@@ -206,7 +249,10 @@ def test_rope_one_side(side: str) -> None:
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
 def test_rope_layouts_differ(strategy: str) -> None:
     """Q interleaved, K half (fused rejects it; pre-kernels handle it)."""
-    grad_check(small().rope("q", style="interleaved").rope("k").mask("causal").build(), strategy=strategy)
+    grad_check(
+        small().rope("q", style="interleaved").rope("k").mask("causal").build(),
+        strategy=strategy,
+    )
 
 
 def test_two_ropes_on_one_side() -> None:
@@ -218,7 +264,9 @@ def test_two_ropes_on_one_side() -> None:
 def test_two_ropes_on_one_side_layouts_differ(strategy: str) -> None:
     """Two ropes of different rotary_dim on one side: refused clearly (no wrong gradient)."""
     p = small().rope(rotary_dim=16).rope(theta=500.0).mask("causal").build()
-    with pytest.raises(DiagnosticException, match="two attn.rope on one side must share"):
+    with pytest.raises(
+        DiagnosticException, match="two attn.rope on one side must share"
+    ):
         compile_training(p.text, strategy)
 
 
@@ -227,7 +275,12 @@ def test_strategies_agree() -> None:
     Qwen3-like program with weights, and each matches the reference."""
     b = small()
     pos = b.positions(2)
-    p = b.qk_norm(weight="f32", eps=1e-6).rope(positions=pos, theta=1e6, rotary_dim=24).mask("causal").build()
+    p = (
+        b.qk_norm(weight="f32", eps=1e-6)
+        .rope(positions=pos, theta=1e6, rotary_dim=24)
+        .mask("causal")
+        .build()
+    )
     args = p.inputs(2, 37, 37, seed=5)
     grads = {}
     for strategy in STRATEGIES:
@@ -262,13 +315,22 @@ def test_qk_norm_weight_prekernel(strategy: str) -> None:
 
 
 def test_rope_then_qk_norm_q_only() -> None:
-    p = small().rope(style="interleaved", rotary_dim=16).qk_norm("q", weight="f32").build()
+    p = (
+        small()
+        .rope(style="interleaved", rotary_dim=16)
+        .qk_norm("q", weight="f32")
+        .build()
+    )
     grad_check(p)
 
 
 def test_qk_norm_weight_gqa() -> None:
     """K's weight gradient sums over every KV block and both KV heads of a GQA group."""
-    grad_check(Builder(hq=4, hkv=2, d=32).qk_norm(weight="f32").mask("causal").build(), q_len=29, kv_len=45)
+    grad_check(
+        Builder(hq=4, hkv=2, d=32).qk_norm(weight="f32").mask("causal").build(),
+        q_len=29,
+        kv_len=45,
+    )
 
 
 # ============================================================================ scores, heads, dims
@@ -313,7 +375,12 @@ def test_alibi_default_slopes() -> None:
 
 def test_alibi_slopes_operand() -> None:
     """Slopes given as an operand get a gradient: sum of dS * (kv - q)."""
-    p = Builder(hq=4, hkv=2, d=32).alibi(slopes=True).mask("causal", align="bottom_right").build()
+    p = (
+        Builder(hq=4, hkv=2, d=32)
+        .alibi(slopes=True)
+        .mask("causal", align="bottom_right")
+        .build()
+    )
     leaves, _ = grad_check(p, q_len=29, kv_len=45)
     assert leaves[3].grad.shape == (4,)
 
@@ -324,7 +391,14 @@ def test_alibi_slopes_operand_no_mask() -> None:
 
 @pytest.mark.parametrize(
     "shape",
-    [("?", 2, "?", "?"), (1, 2, "?", "?"), ("?", 1, "?", "?"), (1, 1, "?", "?"), ("?", 1, 1, "?"), (1, 2, "?", 1)],
+    [
+        ("?", 2, "?", "?"),
+        (1, 2, "?", "?"),
+        ("?", 1, "?", "?"),
+        (1, 1, "?", "?"),
+        ("?", 1, 1, "?"),
+        (1, 2, "?", 1),
+    ],
     ids=lambda s: "x".join(str(d) for d in s),
 )
 def test_bias_tensor(shape: tuple[Any, ...]) -> None:
@@ -344,7 +418,9 @@ def test_bias_tensor(shape: tuple[Any, ...]) -> None:
 
 def test_bias_tensor_bf16() -> None:
     """A bf16 program with a [1, H, S, S] bf16 bias."""
-    grad_check(small(dtype="bf16").bias((1, 2, "?", "?"), dtype="bf16").mask("causal").build())
+    grad_check(
+        small(dtype="bf16").bias((1, 2, "?", "?"), dtype="bf16").mask("causal").build()
+    )
 
 
 def test_bias_additive_minus_inf() -> None:
@@ -368,7 +444,14 @@ def test_softcap() -> None:
 
 def test_softcap_then_masks() -> None:
     """Gemma 2's order: cap, then causal + window."""
-    grad_check(small().rope().softcap(20.0).mask("causal").mask("sliding_window", left=20).build())
+    grad_check(
+        small()
+        .rope()
+        .softcap(20.0)
+        .mask("causal")
+        .mask("sliding_window", left=20)
+        .build()
+    )
 
 
 # ============================================================================ masks
@@ -376,7 +459,12 @@ def test_softcap_then_masks() -> None:
 
 @pytest.mark.parametrize(
     "align,sq,skv",
-    [("top_left", 37, 37), ("top_left", 29, 45), ("bottom_right", 29, 45), ("bottom_right", 45, 29)],
+    [
+        ("top_left", 37, 37),
+        ("top_left", 29, 45),
+        ("bottom_right", 29, 45),
+        ("bottom_right", 45, 29),
+    ],
 )
 def test_causal(align: str, sq: int, skv: int) -> None:
     grad_check(small().mask("causal", align=align).build(), q_len=sq, kv_len=skv)
@@ -394,11 +482,19 @@ def test_causal(align: str, sq: int, skv: int) -> None:
     ids=["left", "right", "both_br", "both_tl_ne", "diagonal_br"],
 )
 def test_sliding_window(window: dict[str, int], align: str, sq: int, skv: int) -> None:
-    grad_check(small().mask("sliding_window", align=align, **window).build(), q_len=sq, kv_len=skv)
+    grad_check(
+        small().mask("sliding_window", align=align, **window).build(),
+        q_len=sq,
+        kv_len=skv,
+    )
 
 
 def test_causal_then_window_merged() -> None:
-    grad_check(small().mask("causal").mask("sliding_window", left=20).build(), q_len=45, kv_len=45)
+    grad_check(
+        small().mask("causal").mask("sliding_window", left=20).build(),
+        q_len=45,
+        kv_len=45,
+    )
 
 
 def test_document_one_operand() -> None:
@@ -569,28 +665,37 @@ def test_score_mod(name: str) -> None:
 
 CONSTANT_SCORE_MODS: dict[str, tuple[str, bool]] = {
     # a hand-written soft-cap: constants in the region
-    "constant_softcap": ("""
+    "constant_softcap": (
+        """
         %c$ = arith.constant 3.0 : f32
         %y$ = arith.divf %x$, %c$ : f32
         %t$ = math.tanh %y$ : f32
         %z$ = arith.mulf %t$, %c$ : f32
         attn.yield %z$ : f32
-    """, False),
+    """,
+        False,
+    ),
     # a distance term: sitofp of an index difference
-    "sitofp_distance": ("""
+    "sitofp_distance": (
+        """
         %d$ = arith.subi %kv$, %q$ : index
         %di$ = arith.index_cast %d$ : index to i32
         %df$ = arith.sitofp %di$ : i32 to f32
         %e$ = arith.mulf %df$, %c0$ : f32
         %r$ = arith.addf %x$, %e$ : f32
         attn.yield %r$ : f32
-    """, False),
+    """,
+        False,
+    ),
     # a per-head scale read from a captured f32 table
-    "table_scale": ("""
+    "table_scale": (
+        """
         %w$ = tensor.extract %c1$[%h$] : tensor<2xf32>
         %y$ = arith.mulf %x$, %w$ : f32
         attn.yield %y$ : f32
-    """, True),
+    """,
+        True,
+    ),
 }
 
 _TABLE_BUG = (
@@ -603,8 +708,15 @@ _TABLE_BUG = (
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG) if CONSTANT_SCORE_MODS[n][1] else [])
-     for n in CONSTANT_SCORE_MODS],
+    [
+        pytest.param(
+            n,
+            marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG)
+            if CONSTANT_SCORE_MODS[n][1]
+            else [],
+        )
+        for n in CONSTANT_SCORE_MODS
+    ],
 )
 def test_score_mod_constants_and_tables(name: str) -> None:
     """Constants, integer-derived floats and table entries carry no gradient, and must
@@ -632,13 +744,19 @@ def test_score_mod_captured_table_has_no_gradient() -> None:
     """
     p = b.score_mod(body, tab).mask("causal").build()
     args = p.inputs(2, 37, 37)
-    with pytest.raises(RuntimeError, match=r"argument 3 'tab' requires grad.*no gradient"):
+    with pytest.raises(
+        RuntimeError, match=r"argument 3 'tab' requires grad.*no gradient"
+    ):
         run_grads(p.text, args)
     grad_check(p, args=args, no_grad=(3,))
 
 
 @pytest.mark.parametrize(
-    "table", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG))],
+    "table",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG)),
+    ],
     ids=["constant", "table"],
 )
 def test_score_mod_default_compile(table: bool) -> None:
@@ -646,12 +764,19 @@ def test_score_mod_default_compile(table: bool) -> None:
     pipeline (which includes lower-backward): forward-only users must not be blocked."""
     b = small()
     caps = [b.table("tab", 2)] if table else []
-    read = "%c$ = tensor.extract %c0$[%h$] : tensor<2xf32>" if table else "%c$ = arith.constant 2.0 : f32"
-    p = b.score_mod(f"""
+    read = (
+        "%c$ = tensor.extract %c0$[%h$] : tensor<2xf32>"
+        if table
+        else "%c$ = arith.constant 2.0 : f32"
+    )
+    p = b.score_mod(
+        f"""
         {read}
         %y$ = arith.mulf %x$, %c$ : f32
         attn.yield %y$ : f32
-    """, *caps).build()
+    """,
+        *caps,
+    ).build()
     attnfuse.compile(p.text)
 
 
@@ -671,11 +796,14 @@ def test_score_mod_powf() -> None:
     refuses it with an error naming the op (no silent wrong gradient)."""
     b = small()
     temp = b.arg("temp", "f32", lambda g, bb, sq, skv: 2.0)
-    p = b.score_mod("""
+    p = b.score_mod(
+        """
         %a$ = math.absf %x$ : f32
         %y$ = math.powf %a$, %c0$ : f32
         attn.yield %y$ : f32
-    """, temp).build()
+    """,
+        temp,
+    ).build()
     try:
         compile_training(p.text)
     except DiagnosticException as e:
@@ -690,7 +818,13 @@ def test_score_mod_powf() -> None:
 @pytest.mark.parametrize("strategy", ["fused", "hybrid"])
 def test_sinks(strategy: str) -> None:
     """Sink logits get a gradient: -sum over rows of exp(sink - lse) * delta."""
-    p = Builder(hq=4, hkv=2, d=32).rope().mask("causal").mask("sliding_window", left=8).build(sinks=True)
+    p = (
+        Builder(hq=4, hkv=2, d=32)
+        .rope()
+        .mask("causal")
+        .mask("sliding_window", left=8)
+        .build(sinks=True)
+    )
     leaves, _ = grad_check(p, strategy=strategy)
     assert leaves[3].grad.shape == (4,)
 
@@ -703,8 +837,14 @@ def test_program_returns_lse() -> None:
 
 def test_return_lse_flag_with_lse_gradient() -> None:
     """`fn(..., return_lse=True)` on a program without lse: the lse is differentiable too."""
+
     def build(lse: bool) -> Program:
-        return small().qk_norm(weight="f32").mask("causal", align="bottom_right").build(lse=lse, sinks=True)
+        return (
+            small()
+            .qk_norm(weight="f32")
+            .mask("causal", align="bottom_right")
+            .build(lse=lse, sinks=True)
+        )
 
     p, with_lse = build(False), build(True)
     grad_check(p, lse_grad=True, reference_text=with_lse.text, q_len=45, kv_len=29)
@@ -739,23 +879,42 @@ def test_dropout_document_rope() -> None:
     b = small()
     pos = b.positions(2)
     ids = b.doc_ids()
-    grad_check(b.rope(positions=pos).mask("causal").mask("document", ids).build(dropout=0.1))
+    grad_check(
+        b.rope(positions=pos).mask("causal").mask("document", ids).build(dropout=0.1)
+    )
 
 
 # ============================================================================ low precision
 
 
 def test_bf16_llama_like() -> None:
-    grad_check(Builder(hq=4, hkv=2, d=64, dtype="bf16").rope(theta=500000.0).mask("causal").build())
+    grad_check(
+        Builder(hq=4, hkv=2, d=64, dtype="bf16")
+        .rope(theta=500000.0)
+        .mask("causal")
+        .build()
+    )
 
 
 def test_f16_alibi_softcap_window() -> None:
-    p = small(dtype="f16").alibi().softcap(30.0).mask("sliding_window", left=10, right=0).build()
+    p = (
+        small(dtype="f16")
+        .alibi()
+        .softcap(30.0)
+        .mask("sliding_window", left=10, right=0)
+        .build()
+    )
     grad_check(p, q_len=29, kv_len=45)
 
 
 def test_bf16_qk_norm_sinks_hybrid() -> None:
-    p = small(dtype="bf16").qk_norm(weight="bf16").rope().mask("causal").build(sinks=True)
+    p = (
+        small(dtype="bf16")
+        .qk_norm(weight="bf16")
+        .rope()
+        .mask("causal")
+        .build(sinks=True)
+    )
     grad_check(p, strategy="hybrid")
 
 

@@ -52,16 +52,22 @@ def train_step(fn: attnfuse.api.AttentionFunction, text: str, seed: int) -> None
     function = find_functions(parse_program(text))[0]
     names = [a.name_hint for a in function.args]
     args = make_inputs(function, BATCH, SEQ, SEQ, seed=seed)
-    leaves = [a.detach().clone().requires_grad_(True) if _is_float(a) else a for a in args]
+    leaves = [
+        a.detach().clone().requires_grad_(True) if _is_float(a) else a for a in args
+    ]
     out = fn(*leaves)
     out = out[0] if isinstance(out, tuple) else out
     dtype = args[0].dtype
     assert out.dtype == dtype and out.requires_grad
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 99)).to(
+        dtype
+    )
     loss = (out * g).sum()
     loss.backward()
 
-    refs = [a.detach().double().requires_grad_(True) if _is_float(a) else a for a in args]
+    refs = [
+        a.detach().double().requires_grad_(True) if _is_float(a) else a for a in args
+    ]
     want = reference.run(text, *refs)
     want = want[0] if isinstance(want, tuple) else want
     (want * g.double()).sum().backward()
@@ -95,5 +101,14 @@ def test_example_trains_f32(path: Path) -> None:
 
 
 def test_examples_found() -> None:
-    assert {p.stem for p in EXAMPLES} >= {"alibi", "document", "dropout", "gemma2", "gpt_oss", "llama3",
-                                          "llama3_1", "qwen3", "t5_bias"}
+    assert {p.stem for p in EXAMPLES} >= {
+        "alibi",
+        "document",
+        "dropout",
+        "gemma2",
+        "gpt_oss",
+        "llama3",
+        "llama3_1",
+        "qwen3",
+        "t5_bias",
+    }
