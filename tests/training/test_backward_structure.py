@@ -332,12 +332,6 @@ def test_dropout_backward_is_deterministic() -> None:
 
 # ============================================================================ disk cache
 
-_CACHE_BUG = (
-    'host.reduce_sum prints its `dims` DenseArrayBase as `dims <i64, "\\00...">`, which the parser '
-    "rejects: a program with a learnable operand (norm weight, bias, slopes, sinks) fails on its second "
-    "attnfuse.compile (disk cache hit) with ParseError 'host.reduce_sum' op parameter 'data' does not verify"
-)
-
 CACHE_PROGRAMS = {
     "rope": lambda b: b.rope().mask("causal").build(),
     "sinks": lambda b: b.mask("causal").build(sinks=True),
@@ -347,18 +341,7 @@ CACHE_PROGRAMS = {
 }
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=[]
-            if n == "rope"
-            else pytest.mark.xfail(strict=True, reason=_CACHE_BUG),
-        )
-        for n in CACHE_PROGRAMS
-    ],
-)
+@pytest.mark.parametrize("name", list(CACHE_PROGRAMS))
 def test_backward_from_disk_cache(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -698,26 +698,8 @@ CONSTANT_SCORE_MODS: dict[str, tuple[str, bool]] = {
     ),
 }
 
-_TABLE_BUG = (
-    "region_grad.region_backward: a tensor.extract from a captured float table has a float "
-    "operand (the tensor<Nxf32> itself), so it is not skipped as a leaf and has no rule: lower-backward "
-    "fails with 'cannot lower tensor.extract in a region: the backward has no derivative rule for it' "
-    "(also for forward-only attnfuse.compile, whose default pipeline runs lower-backward)"
-)
 
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG)
-            if CONSTANT_SCORE_MODS[n][1]
-            else [],
-        )
-        for n in CONSTANT_SCORE_MODS
-    ],
-)
+@pytest.mark.parametrize("name", list(CONSTANT_SCORE_MODS))
 def test_score_mod_constants_and_tables(name: str) -> None:
     """Constants, integer-derived floats and table entries carry no gradient, and must
     not stop the derivative of the score."""
@@ -731,7 +713,6 @@ def test_score_mod_constants_and_tables(name: str) -> None:
     grad_check(p, no_grad=(4,) if table else ())
 
 
-@pytest.mark.xfail(strict=True, reason=_TABLE_BUG)
 def test_score_mod_captured_table_has_no_gradient() -> None:
     """Asking for the gradient of a captured table is a clear RuntimeError; without it
     requires_grad, q, k, v still get theirs."""
@@ -753,10 +734,7 @@ def test_score_mod_captured_table_has_no_gradient() -> None:
 
 @pytest.mark.parametrize(
     "table",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=_TABLE_BUG)),
-    ],
+    [False, True],
     ids=["constant", "table"],
 )
 def test_score_mod_default_compile(table: bool) -> None:
