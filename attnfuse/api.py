@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, IntegerType, ModuleOp, TensorType
+from xdsl.dialects.builtin import ArrayAttr, IntegerType, ModuleOp, StringAttr, TensorType
 from xdsl.printer import Printer
 
 from attnfuse.backends.triton.emitter import KernelMetadata, emit_module, kernel_metadata
@@ -136,6 +136,8 @@ class AttentionFunction:
                           if isinstance(f, func.FuncOp)]
         by_name = {f.sym_name.data: f for f in host_funcs}
         self._host = HostProgram(by_name[self.name], self.triton_source, metadata)
+        reason = by_name[self.name].attributes.get("attnfuse.no_backward")
+        self._no_backward = reason.data if isinstance(reason, StringAttr) else None
         backward = by_name.get(f"{self.name}_backward")
         self._backward: HostProgram | None = None
         self._grad_of: list[int] = []
@@ -157,7 +159,8 @@ class AttentionFunction:
         )
         if needs_grad:
             if self._backward is None:
-                raise RuntimeError(f"@{self.name} was compiled without lower-backward: it has no gradient")
+                why = self._no_backward or "it was compiled without lower-backward"
+                raise RuntimeError(f"@{self.name} has no gradient: {why}")
             out, lse = _Differentiable.apply(self, device, *converted)
         else:
             out, lse = self._host.run(converted, device)[:2]

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, TensorType, f32, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
@@ -32,6 +32,7 @@ from attnfuse.lowering.backward import BackwardSpec, DkvKernel, DqKernel, GradBu
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
 from attnfuse.passes.mask_tiling import effective_masks
@@ -298,7 +299,12 @@ class LowerBackwardPass(ModulePass):
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages)
-            backward = builder.build()
+            try:
+                backward = builder.build()
+            except RegionLoweringError as err:
+                # The forward stays usable; asking for a gradient reports why there is none.
+                function.attributes["attnfuse.no_backward"] = StringAttr(str(err))
+                continue
             op.body.block.add_op(backward)
             for kernel in builder.kernels:
                 op.body.block.add_op(kernel)
