@@ -150,16 +150,8 @@ class DqKernel(ForwardKernel, _Recompute):
         b = self.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
         self.b = b
         bm = self.block_m
-        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
-        assert q_len is not None and kv_len is not None
-        pid_m, pid_bh = b.program_id(0, name="pid_m"), b.program_id(1, name="pid_bh")
-        batch, head = b.div(pid_bh, self.hq, name="batch"), b.rem(pid_bh, self.hq, name="head")
-        kv_head = b.div(head, self.hq // self.hk, name="kv_head")
-        v_head = b.div(head, self.hq // self.hv, name="v_head")
-        q_start = b.mul(pid_m, bm, name="q_start")
-        rows = b.add(q_start, b.arange(0, bm), name="rows")
-        row_ok = b.lt(rows, q_len, name="row_ok")
-        self.coords = (batch, head, rows, q_len, kv_len)
+        pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()
+        q_len, kv_len = self.coords[3], self.coords[4]
         dtype = self._dtype(fwd.q)
         q_in = load_parts(b, self.q_arg, self.q_arg.base(b, batch, head), rows, row_ok, self.layout)
         q32 = {r: b.cast(t, f32) for r, t in q_in.items()}

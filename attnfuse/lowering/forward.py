@@ -139,21 +139,8 @@ class ForwardKernel:
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
         self.b = b
         bm = self.block_m
-        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
-        assert q_len is not None and kv_len is not None
-        pid_m = b.program_id(0, name="pid_m")
-        if self.online.option("band_upper") is not None and self.online.option("band_lower") is None:
-            # Causal-like plans: later q blocks visit more tiles; start them first.
-            pid_m = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
-        pid_bh = b.program_id(1, name="pid_bh")
-        batch = b.div(pid_bh, self.hq, name="batch")
-        head = b.rem(pid_bh, self.hq, name="head")
-        kv_head = b.div(head, self.hq // self.hk, name="kv_head")
-        v_head = b.div(head, self.hq // self.hv, name="v_head")
-        q_start = b.mul(pid_m, bm, name="q_start")
-        rows = b.add(q_start, b.arange(0, bm), name="rows")
-        row_ok = b.lt(rows, q_len, name="row_ok")
-        self.coords = (batch, head, rows, q_len, kv_len)
+        pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()
+        q_len, kv_len = self.coords[3], self.coords[4]
 
         q_base = self.q_arg.base(b, batch, head)
         dtype = self._dtype(spec.q)
@@ -198,6 +185,28 @@ class ForwardKernel:
             base = self.lse_arg.base(b, batch, head)
             b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
         return b.finish()
+
+    def _program_coords(self) -> tuple[SSAValue, ...]:
+        """Program ids and the rows of this (q block, batch x head) program; sets `coords`.
+
+        Causal-like plans number q blocks heavy-first: later q blocks visit more tiles.
+        """
+        b, bm = self.b, self.block_m
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        pid_m = b.program_id(0, name="pid_m")
+        if self.online.option("band_upper") is not None and self.online.option("band_lower") is None:
+            pid_m = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
+        pid_bh = b.program_id(1, name="pid_bh")
+        batch = b.div(pid_bh, self.hq, name="batch")
+        head = b.rem(pid_bh, self.hq, name="head")
+        kv_head = b.div(head, self.hq // self.hk, name="kv_head")
+        v_head = b.div(head, self.hq // self.hv, name="v_head")
+        q_start = b.mul(pid_m, bm, name="q_start")
+        rows = b.add(q_start, b.arange(0, bm), name="rows")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        self.coords = (batch, head, rows, q_len, kv_len)
+        return pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok
 
     def _q_parts(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue, batch: SSAValue, dtype: Attribute) -> None:
         """Load Q as the column parts of the layout, transforming them in fp32."""
