@@ -60,9 +60,9 @@ RULES: dict[type[Operation], Adjoint] = {
     ],
     math.AbsFOp: lambda b, op, env, g: [b.where(b.ge(_v(env, op, 0), 0.0), g, b.neg(g))],
     math.SinOp: lambda b, op, env, g: [b.mul(g, b.cos(_v(env, op, 0)))],
-    math.PowFOp: lambda b, op, env, g: [  # r = x^y: dr/dx = y r / x, dr/dy = r ln x
-        b.div(b.mul(b.mul(g, _v(env, op, 1)), env[op.results[0]]), _v(env, op, 0)),
-        b.mul(b.mul(g, env[op.results[0]]), b.log(_v(env, op, 0))),
+    math.PowFOp: lambda b, op, env, g: [  # r = x^y: dr/dx = y x^(y-1), dr/dy = r ln x
+        b.mul(b.mul(g, _v(env, op, 1)), b.exp2(b.mul(b.sub(_v(env, op, 1), 1.0), b.log2(_v(env, op, 0))))),
+        b.where(b.eq(env[op.results[0]], 0.0), 0.0, b.mul(b.mul(g, env[op.results[0]]), b.log(_v(env, op, 0)))),
     ],
     math.CosOp: lambda b, op, env, g: [b.neg(b.mul(g, b.sin(_v(env, op, 0))))],
     # Captured tables are constants of the backward: no gradient flows into them.

@@ -148,6 +148,8 @@ class ScoreChain:
                 assert isinstance(op, ScoreModOp)
                 args = [x, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
                 ds = region_backward(b, op.body.block, args, self.captures[n], at.valid, ds)
+                # Padding elements (out of bounds) may give inf/NaN derivatives: drop them.
+                ds = b.where(at.valid, ds, 0.0)
         return ds, slope_sums
 
     def _bias(self, b: TileBuilder, n: int, op: BiasOp, at: TileCoords) -> SSAValue:
