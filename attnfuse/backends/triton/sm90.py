@@ -1,9 +1,8 @@
-"""Prove emitted kernels compile for Hopper (sm_90) on a machine without a GPU.
+"""Compile many emitted kernels for Hopper (sm_90) in a separate process.
 
-Triton decides at import time whether `@triton.jit` (its own standard library
-included) builds interpreter functions (`TRITON_INTERPRET=1`) or compilable ones, so a
-process that runs kernels on the CPU cannot also compile them. `compile_all` therefore
-compiles in a fresh Python process without `TRITON_INTERPRET`:
+`attnfuse.backends.triton.loader.compile_kernel_for_sm90` compiles one kernel in-process
+(no GPU needed). `compile_all` runs that in a fresh Python process, so that test suites
+can compile the kernels of several programs in parallel on several cores:
 
 ```
 python -m attnfuse.backends.triton.sm90 kernels.json   # {"source": ..., "kernels": [...]}
