@@ -27,7 +27,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, _pow2
+from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, _pow2, load_rows
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving
@@ -213,7 +213,7 @@ class DqKernel(ForwardKernel, _Recompute):
         valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
         at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
         p, inputs = self.probabilities(self.q_parts, k_in, self.layout, at, self.lse, full_tile=full_tile)
-        v = _load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
+        v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
         dp = b.dot(self.d_out, b.trans(v), name="dp")
         if self.seed_bh is not None:
             dp = b.where(self.keep(at), b.mul(dp, 1.0 / (1.0 - self.dropout_p)), 0.0)
@@ -269,7 +269,7 @@ class DkvKernel(_Recompute):
         k_states = forward_saving(base.k_side, b, {r: b.cast(t, f32) for r, t in k_in.items()},
                                   self.layout, cols, batch, col_ok)
         k_parts = {r: b.cast(t, dtype) for r, t in k_states[-1].items()}
-        v = _load_rows(b, base.v_arg, base.v_arg.base(b, batch, kv_head), cols, col_ok, base.v_dim, False)
+        v = load_rows(b, base.v_arg, base.v_arg.base(b, batch, kv_head), cols, col_ok, base.v_dim, False)
         group = base.hq // base.hk
         dv_pad = _pow2(base.v_dim)
         state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
@@ -359,16 +359,6 @@ class DkvKernel(_Recompute):
         out = [b.dot(ds_t, q_in[part.role], acc) for part, acc in zip(self.layout, state[:n_parts])]
         out.append(b.dot(b.trans(b.cast(p_used, base._dtype(fwd.v))), d_out, state[n_parts]))
         return out
-
-
-def _load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,
-               width: int, full_tile: bool) -> SSAValue:
-    d = b.arange(0, _pow2(width))
-    offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
-    if full_tile and width == _pow2(width):
-        return b.load(base, offs, name="v")
-    mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, width), 0))
-    return b.load(base, offs, mask=mask, other=0.0, name="v")
 
 
 def store_weight_partial(b: TileBuilder, arg: TensorArg, slot: SSAValue, part: Part, column_sums: SSAValue) -> None:

@@ -20,7 +20,7 @@ from xdsl.ir import SSAValue
 
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
-from attnfuse.dialects.tile_builder import Value
+from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
@@ -338,14 +338,7 @@ class ForwardKernel:
             counters = b.add(b.expand_dims(b.mul(rows, kv_len), 1), b.expand_dims(cols, 0))
             u = b.rand(self.seed_bh, counters, name="u")
             p = b.where(b.ge(u, drop), b.mul(p, 1.0 / (1.0 - drop)), 0.0, name="p_dropped")
-        d = b.arange(0, _pow2(self.v_dim))
-        v_offs = b.add(b.expand_dims(b.mul(cols, self.v_arg.strides[2]), 1),
-                       b.expand_dims(b.mul(d, self.v_arg.strides[3]), 0))
-        if full_tile and self.v_dim == _pow2(self.v_dim):
-            v = b.load(self.v_base, v_offs, name="v")
-        else:
-            v_mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
-            v = b.load(self.v_base, v_offs, mask=v_mask, other=0.0, name="v")
+        v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
         acc = b.mul(acc, b.expand_dims(alpha, 1))
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]
@@ -354,6 +347,18 @@ class ForwardKernel:
     def _dtype(value: SSAValue) -> Attribute:
         assert isinstance(value.type, TensorType)
         return value.type.element_type
+
+
+def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,
+              width: int, full_tile: bool) -> SSAValue:
+    """Rows `rows` of a [.., S, width] tensor as one [R, pow2(width)] tile; a full tile of
+    power-of-two width loads without a mask."""
+    d = b.arange(0, _pow2(width))
+    offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
+    if full_tile and width == _pow2(width):
+        return b.load(base, offs, name="v")
+    mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, width), 0))
+    return b.load(base, offs, mask=mask, other=0.0, name="v")
 
 
 def _pow2(n: int) -> int:
