@@ -69,6 +69,10 @@ class ForwardSpec:
     block_m: int | None = None
     """Overrides the tile plan's block sizes (the band is in elements, so any size works)."""
     block_n: int | None = None
+    rope_table: object = None
+    """Builds a rope's cos/sin table (`RopeTables`); None evaluates cos/sin in the kernel."""
+    fold_scale: bool = True
+    """Scale scores after the row max when only masks follow `attn.scores`."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -93,6 +97,8 @@ class ForwardKernel:
         self.head_dim = _dims(spec.q)[3]
         self.v_dim = _dims(spec.v)[3]
         self.scale = program.scores.scale_value()
+        self.defer_scale = spec.fold_scale and self.scale > 0 and all(isinstance(op, MaskOp) for op in program.score_ops)
+        """Scale after the row max (one multiply-add per element): only masks follow the scores."""
 
         layout_q = side_layout(spec.q_transforms, self.head_dim)
         layout_k = side_layout(spec.k_transforms, self.head_dim)
@@ -113,7 +119,7 @@ class ForwardKernel:
         self.v_arg = sig.tensor("V", spec.v)
         self.o_arg = sig.tensor("Out", spec.out)
         self.lse_arg = sig.tensor("LSE", spec.lse) if spec.lse is not None else None
-        side = SideContext(sig, self.head_dim, spec.inv_freq)  # type: ignore[arg-type]
+        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         self.k_side = SideTransforms(spec.k_transforms, side, "k")
         self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
@@ -318,9 +324,13 @@ class ForwardKernel:
             s = b.dot(self.q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
         valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
-        if self.spec.program.score_ops:
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        if self.defer_scale:
+            # Masks commute with a positive scale: take the row max of the raw scores,
+            # then scale and subtract in one multiply-add per element.
+            s = self.chain.apply(b, s, at, full_tile=full_tile)
+        elif self.spec.program.score_ops:
             s = b.mul(s, self.scale, name="s")
-            at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
             s = self.chain.apply(b, s, at, full_tile=full_tile)
             s = b.mul(s, LOG2E, name="s2")
         else:
@@ -328,8 +338,13 @@ class ForwardKernel:
         if not full_tile:
             s = b.where(b.expand_dims(col_ok, 0), s, float("-inf"), name="s2")
 
-        m_new = b.maximum(m_i, b.reduce_max(s, 1), name="m_new")
+        row_max = b.reduce_max(s, 1)
+        if self.defer_scale:
+            row_max = b.mul(row_max, self.scale * LOG2E)
+        m_new = b.maximum(m_i, row_max, name="m_new")
         m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new, name="m_safe")
+        if self.defer_scale:
+            s = b.mul(s, self.scale * LOG2E, name="s2")
         p = b.exp2(b.sub(s, b.expand_dims(m_safe, 1)), name="p")
         alpha = b.exp2(b.sub(m_i, m_safe), name="alpha")
         l_new = b.add(b.mul(l_i, alpha), b.reduce_sum(p, 1), name="l_new")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import TensorType, f32
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 
 from attnfuse.dialects.attn import QKNormOp, RopeOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
@@ -87,7 +87,9 @@ class SideContext:
     head_dim: int
     inv_freq: Callable[[RopeOp], SSAValue]
     """Host constant of a rope's (scaled) inverse frequencies, [rotary_dim / 2] f32."""
-    batch_index: SSAValue | None = None
+    rope_table: Callable[[RopeOp, Attribute], SSAValue] | None = None
+    """Host value of a rope's cos/sin table in an element type (see `rope_table.py`);
+    None evaluates cos and sin in the kernel."""
 
 
 class SideTransforms:
@@ -99,10 +101,14 @@ class SideTransforms:
         self.weights: dict[int, TensorArg] = {}
         self.positions: dict[int, TensorArg] = {}
         self.freqs: dict[int, TensorArg] = {}
+        self.tables: dict[int, TensorArg] = {}
         for n, op in enumerate(transforms):
             if isinstance(op, QKNormOp) and op.weight is not None:
                 self.weights[n] = ctx.sig.tensor(f"{prefix}_norm_w{n}", op.weight)
-            if isinstance(op, RopeOp):
+            if isinstance(op, RopeOp) and ctx.rope_table is not None:
+                element = op.output.type.element_type  # type: ignore[attr-defined]
+                self.tables[n] = ctx.sig.tensor(f"{prefix}_rope{n}", ctx.rope_table(op, element))
+            elif isinstance(op, RopeOp):
                 self.freqs[n] = ctx.sig.tensor(f"{prefix}_inv_freq{n}", ctx.inv_freq(op))
                 if op.positions is not None:
                     self.positions[n] = ctx.sig.tensor(f"{prefix}_pos{n}", op.positions)
@@ -140,7 +146,7 @@ class SideTransforms:
         self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
         batch: Value, row_mask: SSAValue,
     ) -> dict[str, SSAValue]:
-        cos, sin = self.cos_sin(b, n, op, parts["a"], rows, batch, row_mask)
+        cos, sin = self.cos_sin(b, n, op, tile_width(parts["a"]), rows, batch, row_mask)
         a, bb = parts["a"], parts["b"]
         out = dict(parts)
         out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
@@ -149,17 +155,37 @@ class SideTransforms:
 
 
     def cos_sin(
-        self, b: TileBuilder, n: int, op: RopeOp, like: SSAValue, rows: SSAValue,
-        batch: Value, row_mask: SSAValue,
+        self, b: TileBuilder, n: int, op: RopeOp, width: int, rows: SSAValue,
+        batch: Value, row_mask: SSAValue | None,
     ) -> tuple[SSAValue, SSAValue]:
-        """cos and sin ([R, W] fp32, yarn factor included) for the pairs of part `a`."""
+        """cos and sin ([R, width] fp32, yarn factor included) for the pairs of part `a`:
+        read from the rope's table when it has one, else evaluated."""
+        if n not in self.tables:
+            return self.evaluate_cos_sin(b, n, op, width, rows, batch, row_mask)
+        table = self.tables[n]
+        half = op.rotary_width() // 2
+        i = b.arange(0, width)
+        offs = b.add(b.expand_dims(b.mul(rows, table.strides[1]), 1), b.expand_dims(b.mul(i, table.strides[2]), 0))
+        base = table.base(b, batch)
+        mask: SSAValue | None = b.expand_dims(b.lt(i, half), 0) if width != half else None
+        if row_mask is not None:
+            rows_ok = b.expand_dims(row_mask, 1)
+            mask = rows_ok if mask is None else b.and_(rows_ok, mask)
+        other = 0.0 if mask is not None else None
+        cos = b.load(base, offs, mask=mask, other=other, name="cos")
+        sin = b.load(base, b.add(offs, b.mul(half, table.strides[2])), mask=mask, other=other, name="sin")
+        return b.cast(cos, f32), b.cast(sin, f32)
+
+    def evaluate_cos_sin(
+        self, b: TileBuilder, n: int, op: RopeOp, width: int, rows: SSAValue,
+        batch: Value, row_mask: SSAValue | None,
+    ) -> tuple[SSAValue, SSAValue]:
+        """cos and sin ([R, width] fp32, yarn factor included), computed from positions."""
         positions = self._positions(b, n, op, rows, batch, row_mask)
         half = op.rotary_width() // 2
         freq_arg = self.freqs[n]
         assert freq_arg.ptr is not None
-        width = like.type
-        assert isinstance(width, TensorType)
-        i = b.arange(0, width.get_shape()[1])
+        i = b.arange(0, width)
         freq = b.load(freq_arg.ptr, b.mul(i, freq_arg.strides[0]), mask=b.lt(i, half), other=0.0)
         angle = b.mul(b.expand_dims(positions, 1), b.expand_dims(freq, 0), name="angle")
         cos, sin = b.cos(angle, name="cos"), b.sin(angle, name="sin")
@@ -179,7 +205,7 @@ class SideTransforms:
         return b.expand_dims(b.add(b.cast(w, f32), op.float_option("weight_offset")), 0)
 
     def _positions(
-        self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue
+        self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue | None
     ) -> SSAValue:
         if n not in self.positions:
             return b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
@@ -189,7 +215,15 @@ class SideTransforms:
             ptr, offs = pos_arg.ptr, b.mul(rows, pos_arg.strides[0])
         else:
             ptr, offs = pos_arg.base(b, batch), b.mul(rows, pos_arg.strides[1])
+        if row_mask is None:
+            return b.cast(b.load(ptr, offs), f32, name="pos")
         return b.cast(b.load(ptr, offs, mask=row_mask, other=0), f32, name="pos")
+
+
+def tile_width(tile: SSAValue) -> int:
+    """The column count of a [R, W] tile."""
+    assert isinstance(tile.type, TensorType)
+    return tile.type.get_shape()[1]
 
 
 def _yarn_attention_factor(op: RopeOp) -> float:

@@ -19,7 +19,7 @@ from xdsl.ir import SSAValue
 
 from attnfuse.dialects.attn import QKNormOp, RopeOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.qk_side import Part, SideTransforms
+from attnfuse.lowering.qk_side import Part, SideTransforms, tile_width
 
 Parts = dict[str, SSAValue]
 
@@ -56,7 +56,7 @@ def backward(
         op = side.transforms[n]
         x = states[n]
         if isinstance(op, RopeOp):
-            cos, sin = side.cos_sin(b, n, op, x["a"], rows, batch, row_mask)
+            cos, sin = side.cos_sin(b, n, op, tile_width(x["a"]), rows, batch, row_mask)
             da, db = grad["a"], grad["b"]
             grad = dict(grad)
             grad["a"] = b.add(b.mul(da, cos), b.mul(db, sin), name="d_a")

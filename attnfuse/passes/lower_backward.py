@@ -34,6 +34,7 @@ from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
+from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
 from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
@@ -52,7 +53,8 @@ def _f32_like(ty: Attribute) -> TensorType:
 class _Builder:
     """Builds one backward host function and its kernels."""
 
-    def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int) -> None:
+    def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
+                 rope_table: bool = True) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -74,6 +76,7 @@ class _Builder:
         self.stages = stages
         self.results: list[SSAValue] = []
         self.grad_of: list[int] = []
+        self.rope_table = rope_table
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms))
 
     def pre(self, transforms: list) -> list:
@@ -156,12 +159,14 @@ class _Builder:
             self.kernels.append(map_kernel)
         planned = set(effective_masks(p.score_ops)) if (
             self.online.int_option("band_exact") or block_map is not None) else set()
+        tables = RopeTables(host, f"{self.name}_bwd", (q_len, kv_len), self.inv_freq, self.remap) \
+            if self.rope_table else None
         fwd_spec = ForwardSpec(
             program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
             inv_freq=self.inv_freq, host_table=host.table, block_map=block_map,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
-            block_m=self.block_m, block_n=self.block_n,
+            block_m=self.block_m, block_n=self.block_n, rope_table=tables,
         )
         spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
@@ -169,6 +174,8 @@ class _Builder:
         dkv_kernel = DkvKernel(spec, f"{self.name}_bwd_dkdv")
         self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
                      self.block_n, k, batch)
+        if tables is not None:
+            self.kernels.extend(tables.kernels)
 
         side_weight_grads: dict[int, SSAValue] = {}
         d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, side_weight_grads)
@@ -286,6 +293,8 @@ class LowerBackwardPass(ModulePass):
     """The backward keeps more tiles live than the forward (Q, dO, dQ or dK/dV
     accumulators), so it uses smaller blocks and a shallower pipeline to fit in shared
     memory."""
+    rope_table: bool = True
+    """In-kernel RoPE reads cos/sin from a table built once per call; false is the ablation."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -298,7 +307,8 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages)
+            builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
+                               self.rope_table)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:

@@ -46,6 +46,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
+from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -98,6 +99,12 @@ class LowerToTilePass(ModulePass):
     the shared memory of a Hopper SM (see `pipeline_stages`)."""
     count_tiles: bool = False
     """Debug: count visited KV tiles in a buffer returned as an extra function result."""
+    rope_table: bool = True
+    """In-kernel RoPE reads cos/sin from a table built once per call (`rope_table.py`)
+    instead of evaluating them on every tile; false is the ablation."""
+    fold_scale: bool = True
+    """Scale the scores after the row max, in the exp2 multiply-add, when only masks
+    follow `attn.scores`; false is the ablation."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -168,6 +175,7 @@ class LowerToTilePass(ModulePass):
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
         counter = host.alloc(TensorType(i32, [1]), [], "tile_count", zero=True) if self.count_tiles else None
+        tables = RopeTables(host, fname, (q_len, kv_len), inv_freq) if self.rope_table else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
@@ -175,10 +183,12 @@ class LowerToTilePass(ModulePass):
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.num_warps or (8 if block_m >= 128 else 4),
             num_stages=self.num_stages or pipeline_stages(program, online),
-            launch={"role": StringAttr("forward")},
+            launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
+        if tables is not None:
+            kernels.extend(tables.kernels)
         grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
         host.launch(f"{fname}_fwd", grid, forward.sig.host_operands())
 

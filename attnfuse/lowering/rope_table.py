@@ -1,0 +1,119 @@
+"""RoPE tables: cos and sin of every position, computed once per call for in-kernel RoPE.
+
+A kernel that rotates Q or K tiles itself (the `fused` placement, and Q under `hybrid`)
+reads `cos` and `sin` from a table instead of evaluating them: the attention kernel
+rotates each K tile once per q block that visits it, and libdevice `sin`/`cos` there
+cost several times the attention itself. The table kernel evaluates them once per
+position, in fp32 with the yarn factor folded in, and stores them in the side's element
+type (as PyTorch RoPE implementations apply bf16 cos/sin to bf16 inputs):
+
+```
+table[b, r, i]        = cos(pos(b, r) * inv_freq[i]) * f     for i < rotary_dim / 2
+table[b, r, i + rd/2] = sin(pos(b, r) * inv_freq[i]) * f
+```
+
+`pos(b, r)` is `r + offset`, or the rope's `positions` operand (`[S]`, or `[B, S]`,
+when the table has one slice per batch element). A table of `r + offset` positions
+covers `max(Sq, Skv)` rows so that Q and K ropes with equal parameters share it.
+
+```mlir
+host.launch @f_rope_table0[%grid_r, %one, %one] (%table, %inv_freq, %rows) : ...
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from attnfuse.dialects.attn import RopeOp
+from attnfuse.dialects.host import DimOp
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, padded
+from attnfuse.lowering.signature import KernelSignature
+from attnfuse.reference.rope import RopeParams
+
+ROWS_PER_PROGRAM = 64
+
+
+class RopeTables:
+    """Builds (once per distinct rope) the table kernels of one host function."""
+
+    def __init__(
+        self, host: HostCode, prefix: str, lengths: tuple[SSAValue, SSAValue],
+        inv_freq: Callable[[RopeOp], SSAValue], remap: dict[SSAValue, SSAValue] | None = None,
+    ) -> None:
+        self.host = host
+        self.prefix = prefix
+        self.lengths = lengths
+        self.inv_freq = inv_freq
+        self.remap = remap or {}
+        self.kernels: list[Operation] = []
+        self._tables: dict[tuple[object, ...], SSAValue] = {}
+        self._max_len: SSAValue | None = None
+
+    def __call__(self, op: RopeOp, dtype: Attribute) -> SSAValue:
+        """The host value of `op`'s table in `dtype` (launching its kernel on first use)."""
+        positions = self.remap.get(op.positions, op.positions) if op.positions is not None else None
+        key = (RopeParams.of(op), op.int_option("offset"), id(positions), dtype)
+        if key not in self._tables:
+            self._tables[key] = self._build(op, positions, dtype)
+        return self._tables[key]
+
+    def _rows(self, positions: SSAValue | None) -> tuple[SSAValue, SSAValue | None]:
+        """(rows, batch slices or None) of a table."""
+        host = self.host
+        if positions is None:
+            if self._max_len is None:
+                self._max_len = host.emit(arith.MaxSIOp(*self.lengths), "rope_rows")
+            return self._max_len, None
+        assert isinstance(positions.type, TensorType)
+        if len(positions.type.get_shape()) == 1:
+            return host.emit(DimOp(positions, 0), "rope_rows"), None
+        return host.emit(DimOp(positions, 1), "rope_rows"), host.emit(DimOp(positions, 0), "rope_batch")
+
+    def _build(self, op: RopeOp, positions: SSAValue | None, dtype: Attribute) -> SSAValue:
+        host = self.host
+        rows, slices = self._rows(positions)
+        rd = op.rotary_width()
+        table_type = TensorType(dtype, [1 if slices is None else -1, -1, rd])
+        sizes = [rows] if slices is None else [slices, rows]
+        table = host.alloc(table_type, sizes, "rope_table")
+        name = f"{self.prefix}_rope_table{len(self.kernels)}"
+        kernel, operands = build_table_kernel(name, op, table, rows, self.inv_freq, self.remap)
+        self.kernels.append(kernel)
+        one = host.const(1, "one")
+        grid = [host.cdiv(rows, ROWS_PER_PROGRAM, "rope_grid"), one if slices is None else slices, one]
+        host.launch(name, grid, operands)
+        return table
+
+
+def build_table_kernel(
+    name: str, op: RopeOp, table: SSAValue, rows: SSAValue, inv_freq: Callable[[RopeOp], SSAValue],
+    remap: dict[SSAValue, SSAValue],
+) -> tuple[Operation, list[SSAValue]]:
+    """The kernel filling `table` (grid: cdiv(rows, 64) x slices) and its launch operands."""
+    assert isinstance(table.type, TensorType)
+    sig = KernelSignature(remap)
+    out = sig.tensor("T", table)
+    side = SideTransforms([op], SideContext(sig, table.type.get_shape()[2], inv_freq), "x")
+    n_rows = sig.scalar("R", rows)
+    b = sig.start(name, num_warps=4, num_stages=1, launch={})
+    slice_index = b.program_id(1, name="slice")
+    r = b.add(b.mul(b.program_id(0), ROWS_PER_PROGRAM), b.arange(0, ROWS_PER_PROGRAM), name="rows")
+    assert n_rows.value is not None
+    row_ok = b.lt(r, n_rows.value, name="row_ok")
+    half = op.rotary_width() // 2
+    width = padded(half)
+    cos, sin = side.evaluate_cos_sin(b, 0, op, width, r, slice_index, row_ok)
+    i = b.arange(0, width)
+    base = out.base(b, slice_index)
+    offs = b.add(b.expand_dims(b.mul(r, out.strides[1]), 1), b.expand_dims(b.mul(i, out.strides[2]), 0))
+    mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(i, half), 0))
+    element = table.type.element_type
+    b.store(base, offs, b.cast(cos, element), mask=mask)
+    b.store(base, b.add(offs, b.mul(half, out.strides[2])), b.cast(sin, element), mask=mask)
+    return b.finish(), sig.host_operands()
