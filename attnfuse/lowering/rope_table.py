@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.dialects.attn import RopeOp
@@ -79,7 +79,7 @@ class RopeTables:
         host = self.host
         rows, slices = self._rows(positions)
         rd = op.rotary_width()
-        table_type = TensorType(dtype, [1 if slices is None else -1, -1, rd])
+        table_type = TensorType(dtype, [1 if slices is None else DYNAMIC_INDEX, DYNAMIC_INDEX, rd])
         sizes = [rows] if slices is None else [slices, rows]
         table = host.alloc(table_type, sizes, "rope_table")
         name = f"{self.prefix}_rope_table{len(self.kernels)}"

@@ -9,11 +9,10 @@ RoPE and QK-norm act on Q and K *before* the QK matmul. This pass sets each tran
   reads K already transformed;
 * `separate`: both sides in generated pre-kernels (what an unfused stack does);
 * `auto`: ask the cost model (`attnfuse.cost`) for the device given to the driver with
-  `--device`; without a cost model, `separate`, the fastest measured on an H200 for
-  Llama-3-8B shapes, forward and forward+backward (docs/benchmarks.md): rotating Q and K
-  once costs one extra pass over them, while `fused` recomputes the rotation of each K
-  tile for every Q block that visits it (libdevice sin/cos per element), and `hybrid`
-  splits the QK^T product into per-part dots.
+  `--device`; without a cost model, `hybrid`, the fastest measured on an H200 for
+  Llama-3-8B shapes at S = 2048..16384 (docs/benchmarks.md, run 10): Q is rotated once
+  per program from a cos/sin table, and the K pre-pass costs one read and write of K,
+  while `fused` rotates each K tile once per Q block that visits it.
 
 ```mlir
 %kr = attn.rope %k {theta = 500000.0} : tensor<?x8x?x128xbf16>
@@ -47,7 +46,7 @@ def choose_strategy(strategy: str, device: str | None) -> str:
     try:
         from attnfuse.cost import choose_rope_strategy  # type: ignore[attr-defined]
     except ImportError:
-        return "separate"
+        return "hybrid"
     return str(choose_rope_strategy(device))
 
 

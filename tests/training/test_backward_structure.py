@@ -44,7 +44,7 @@ EXAMPLE_TEXT = {p.stem: p.read_text() for p in EXAMPLES}
 WITH_TRANSFORMS = {"document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3"}
 PIPELINE = (
     "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling{{block-m=16 block-n=16}},"
-    "lower-backward{{block-m=16 block-n=16}},lower-to-tile"
+    "lower-backward{{block-m=16 block-n=16 transforms-in-kernel=true}},lower-to-tile"
 )
 
 
@@ -114,7 +114,8 @@ def test_fused_backward_has_no_prekernel(name: str) -> None:
     assert not [n for n in names if "prologue" in n], names
     assert not [k for k in kernels(module) if "_bwd" in k and "prologue" in k]
     expected = [f"{name}_bwd_preprocess", f"{name}_bwd_dq", f"{name}_bwd_dkdv"]
-    assert [n for n in names if not n.endswith("_block_map")] == expected
+    # (rope tables hold cos/sin per position; they transform nothing)
+    assert [n for n in names if not n.endswith("_block_map") and "_rope_table" not in n] == expected
     # the returned dq / dk / dv are written by the dQ and dK/dV launches themselves
     ret = bwd.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
@@ -124,15 +125,28 @@ def test_fused_backward_has_no_prekernel(name: str) -> None:
 
 
 def test_fused_backward_from_lowered_ir() -> None:
-    """The same, read from what attnfuse.compile keeps (`fn.lowered_ir`)."""
+    """The same, read from what attnfuse.compile keeps (`fn.lowered_ir`), when the
+    backward keeps the transforms in its kernels (`transforms-in-kernel=true`)."""
     fn = compile_once(
         EXAMPLE_TEXT["qwen3"],
-        DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"),
+        DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused").replace(
+            "lower-backward", "lower-backward{transforms-in-kernel=true}"
+        ),
     )
     host = fn.lowered_ir[fn.lowered_ir.index("func.func @qwen3_backward") :]
     host = host[: host.index("func.return")]
     assert "host.launch @qwen3_bwd_dq" in host and "host.launch @qwen3_bwd_dkdv" in host
     assert "prologue" not in host
+
+
+def test_fused_backward_prerotates_by_default() -> None:
+    """Under the default lower-backward, a fused forward still gets a backward that runs
+    its transforms once in pre-kernels (not once per visited tile in dQ / dK/dV)."""
+    module = lower(EXAMPLE_TEXT["qwen3"], DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"))
+    names = launched(backward_of(module))
+    assert "qwen3_bwd_q_prologue" in names and "qwen3_bwd_k_prologue_transpose" in names, names
+    forward = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "qwen3")
+    assert not [n for n in launched(forward) if "prologue" in n]
 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
@@ -371,7 +385,8 @@ def _sm90_kernels(name: str) -> dict[str, KernelOp]:
     }
     if name == "qwen3":
         fused = kernels(
-            lower(text, DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"))
+            lower(text, DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused").replace(
+                "lower-backward", "lower-backward{transforms-in-kernel=true}"))
         )
         found.update(
             {f"fused:{k}": fused[k] for k in (f"{name}_bwd_dq", f"{name}_bwd_dkdv")}

@@ -34,7 +34,7 @@ from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close
 STRATEGIES = ("fused", "hybrid", "separate")
 PIPELINE = (
     "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling{{block-m=16 block-n=16}},"
-    "lower-backward{{block-m=16 block-n=16}},lower-to-tile"
+    "lower-backward{{block-m=16 block-n=16 transforms-in-kernel=true}},lower-to-tile"
 )
 
 _COMPILED: dict[tuple[str, str], attnfuse.api.AttentionFunction] = {}

@@ -2,14 +2,14 @@
 // attnfuse.grad_of) and the tile kernels it launches (preprocess, dQ, dK/dV, and with
 // hybrid/separate the recomputed pre-kernels and their transposes).
 // --verify-diagnostics: the last chunk's error is printed to stdout, the run exits 0.
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=FUSED
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 transforms-in-kernel=true}' | filecheck %s --check-prefix=FUSED
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=HYBRID
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=SEPARATE
 // RUN: not attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,lower-backward' 2>&1 | filecheck %s --check-prefix=PREREQ
 // PREREQ: pass 'lower-backward' requires 'mask-tiling' to run earlier in the pipeline
 
 // Llama-style: RoPE on Q and K, GQA (4 query heads, 2 KV heads), causal, f16.
-// fused: the backward rotates inside its kernels; no pre-kernel is launched.
+// fused with transforms-in-kernel: the backward rotates inside its kernels; no pre-kernel is launched.
 
 // FUSED-LABEL: func.func @llama(
 // FUSED:         attn.online_softmax
@@ -27,9 +27,9 @@
 // FUSED-NEXT:    %d_k = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
 // FUSED-NEXT:    %d_v = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
 // FUSED:         %[[GQ:.*]] = arith.ceildivsi %q_len, %{{.*}} : i32
-// FUSED:         host.launch @llama_bwd_dq[%[[GQ]], {{.*}}] (%q, %k, %v, %out, %table, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q)
+// FUSED:         host.launch @llama_bwd_dq[%[[GQ]], {{.*}}] (%q, %k, %v, %out, %rope_table, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q)
 // FUSED:         %[[GK:.*]] = arith.ceildivsi %kv_len, %{{.*}} : i32
-// FUSED:         host.launch @llama_bwd_dkdv[%[[GK]], {{.*}}] (%q, %k, %v, %out, %table, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v)
+// FUSED:         host.launch @llama_bwd_dkdv[%[[GK]], {{.*}}] (%q, %k, %v, %out, %rope_table, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v)
 // FUSED-NEXT:    func.return %d_q, %d_k, %d_v : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16>
 // FUSED-NEXT:  }
 // FUSED-NOT:   tile.kernel @llama_bwd_{{.*}}prologue
@@ -40,9 +40,9 @@
 // FUSED-SAME:      %dQ: !tile.ptr<f16>
 // FUSED-SAME:      attributes {num_warps = 4 : i64, num_stages = 2 : i64
 // FUSED:         %pid_m = tile.program_id 0 : i32
-// FUSED:         math.cos
+// FUSED:         %cos = tile.load
 // FUSED:         scf.for %start_n
-// FUSED:           math.cos
+// FUSED:           %cos{{.*}} = tile.load
 // FUSED:           %dp = tile.dot
 // FUSED:           %ds = arith.mulf
 // FUSED:           scf.yield
@@ -53,7 +53,7 @@
 // FUSED:         %pid_n = tile.program_id 0 : i32
 // FUSED:         scf.for %g =
 // FUSED:           scf.for %start_m =
-// FUSED:             math.cos
+// FUSED:             %cos{{.*}} = tile.load
 // FUSED:             tile.dot
 // FUSED:             scf.yield
 // FUSED:           scf.yield
@@ -133,8 +133,8 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // FUSED-NEXT:    %d_sinks = host.alloc %batch, %n_q_blocks : tensor<?x4x?xf32>
 // FUSED:         %q_slots = arith.muli %q_bh, %n_q_blocks : i32
 // FUSED:         %d_norm_w_partial0 = host.alloc %q_slots : tensor<?x32xf32>
-// FUSED:         host.launch @learn_bwd_dq[{{.*}}] (%q, %k, %v, %out, %wq, %table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q, %d_bias1, %d_slopes0, %d_sinks, %d_norm_w_partial0)
-// FUSED:         host.launch @learn_bwd_dkdv[{{.*}}] (%q, %k, %v, %out, %wq, %table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v)
+// FUSED:         host.launch @learn_bwd_dq[{{.*}}] (%q, %k, %v, %out, %wq, %rope_table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q, %d_bias1, %d_slopes0, %d_sinks, %d_norm_w_partial0)
+// FUSED:         host.launch @learn_bwd_dkdv[{{.*}}] (%q, %k, %v, %out, %wq, %rope_table, %slopes, %bias, %sinks, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v)
 // FUSED-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_norm_w_partial0 {dims = {{.*}}} : tensor<?x32xf32> -> tensor<32xf32>
 // FUSED-NEXT:    %d_norm_w = host.convert %d_norm_w_f32 : tensor<32xf32> -> tensor<32xbf16>
 // FUSED-NEXT:    %d_bias_f32 = host.reduce_sum %d_bias1 {dims = {{.*}}, keepdim} : tensor<?x4x?x?xf32> -> tensor<1x4x?x?xf32>

@@ -28,9 +28,9 @@
 // FUSED-SAME:      %B: i32, %Sq: i32, %Skv: i32)
 // FUSED:         %pid_m = tile.program_id 0 : i32
 // FUSED:         %pid_bh = tile.program_id 1 : i32
-// FUSED:         math.cos
+// FUSED:         %cos = tile.load
 // FUSED:         scf.for %start_n = %{{.*}} to %full_lo
-// FUSED:           math.cos
+// FUSED:           %cos{{.*}} = tile.load
 // FUSED:           tile.dot
 // FUSED:           %keep = tile.cmp le
 // FUSED:           math.exp2

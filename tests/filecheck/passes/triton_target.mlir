@@ -14,7 +14,7 @@
 // CHECK-NEXT:  def llama_fwd(Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, K, {{.*}}, B, Sq, Skv):
 // CHECK:           pid_m = tl.program_id(0)
 // CHECK:           pid_bh = tl.program_id(1)
-// CHECK:           tl.cos(
+// CHECK:           cos = tl.load(
 // CHECK:           for start_n in range({{.*}}, full_lo, 32):
 // CHECK:               tl.dot(
 // CHECK:               tl.exp2(
