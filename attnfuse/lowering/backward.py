@@ -61,6 +61,19 @@ class BackwardSpec:
     dk: SSAValue
     dv: SSAValue
     grads: GradBuffers
+    dkdv: DkvOptions = field(default_factory=lambda: DkvOptions())
+
+
+@dataclass(frozen=True)
+class DkvOptions:
+    """How the dK/dV kernel is built (each is a `lower-backward` option)."""
+
+    transposed: bool = True
+    """Compute Sᵀ = K Qᵀ, Pᵀ and dSᵀ as [BN, BM] tiles: no computed tile is transposed."""
+    full_tiles: bool = True
+    """Walk q blocks inside every planned mask without mask code or bounds masks."""
+    num_warps: int = 0
+    """Warps per dK/dV program; 0 uses the dQ kernel's."""
 
 
 def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue, delta: SSAValue,
@@ -110,20 +123,27 @@ class _Recompute:
         b = self.b
         s: SSAValue | None = None
         for part in layout:
-            s = b.dot(q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
+            if at.transposed:  # Sᵀ = K Qᵀ: K is the register operand, no transpose of a computed tile
+                s = b.dot(k_parts[part.role], b.trans(q_parts[part.role]), s, name="qk_t")
+            else:
+                s = b.dot(q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
+        lse_safe = at.q_vector(b, b.where(b.eq(lse, float("-inf")), 0.0, lse))
+        if not self.chain.ops or (full_tile and all(op in self.chain.planned for op in self.chain.ops)):
+            # Nothing to apply or save: P = exp2(S * scale * log2e - lse * log2e), one multiply-add.
+            p = b.exp2(b.sub(b.mul(s, self.scale * LOG2E), b.mul(lse_safe, LOG2E)), name="p")
+            return p, [s for _ in self.chain.ops]
         s = b.mul(s, self.scale, name="s")
         s, inputs = self.chain.apply_saving(b, s, at, full_tile=full_tile)
         if not full_tile:
             s = b.where(at.valid, s, float("-inf"))
-        lse_safe = b.where(b.eq(lse, float("-inf")), 0.0, lse)
-        p = b.exp2(b.mul(b.sub(s, b.expand_dims(lse_safe, 1)), LOG2E), name="p")
+        p = b.exp2(b.mul(b.sub(s, lse_safe), LOG2E), name="p")
         return p, inputs
 
     def keep(self, at: TileCoords) -> SSAValue:
         b = self.b
         assert self.seed_bh is not None
-        counters = b.add(b.expand_dims(b.mul(at.rows, at.kv_len), 1), b.expand_dims(at.cols, 0))
+        counters = b.add(at.q_vector(b, b.mul(at.rows, at.kv_len)), at.kv_vector(b, at.cols))
         return b.ge(b.rand(self.seed_bh, counters), self.dropout_p, name="keep")
 
 
@@ -251,10 +271,14 @@ class DkvKernel(_Recompute):
         self.dk_arg = sig.tensor("dK", spec.dk)
         self.dv_arg = sig.tensor("dV", spec.dv)
         self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
+        self.options = spec.dkdv
+        self.full_tiles = spec.dkdv.full_tiles and bool(self.online.int_option("band_exact")) and fwd.block_map is None
+        """Split the q walk into masked and full blocks (planned masks only, as the forward)."""
 
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
-        b = base.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
+        warps = self.options.num_warps or fwd.num_warps
+        b = base.sig.start(self.name, num_warps=warps, num_stages=fwd.num_stages, launch=fwd.launch)
         self.b = base.b = b
         bm, bn = base.block_m, base.block_n
         q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
@@ -275,7 +299,7 @@ class DkvKernel(_Recompute):
         state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
         state.append(b.zeros((bn, dv_pad), f32, name="dv"))
         self.batch = batch
-        lo, hi = self._q_range(n_start, q_len, kv_len)
+        ranges = self._q_ranges(n_start, q_len, kv_len)
         with b.for_(0, group, 1, inits=state, iv_name="g") as heads:
             head = b.add(b.mul(kv_head, group), heads.iv, name="head")
             self.seed_bh = None
@@ -283,9 +307,13 @@ class DkvKernel(_Recompute):
                 assert base.seed_arg.value is not None
                 bh = b.add(b.mul(batch, base.hq), head)
                 self.seed_bh = b.add(base.seed_arg.value, b.mul(b.to_i64(bh), 2**32), name="seed_bh")
-            with b.for_(lo, hi, bm, inits=list(heads.carried), iv_name="start_m") as loop:
-                loop.yield_(*self._tile(loop.iv, list(loop.carried), batch, head, cols, col_ok, k_parts, v))
-            heads.yield_(*loop.results)
+            carried = list(heads.carried)
+            for lo, hi, full in ranges:
+                with b.for_(lo, hi, bm, inits=carried, iv_name="start_m") as loop:
+                    loop.yield_(*self._tile(loop.iv, list(loop.carried), batch, head, cols, col_ok, k_parts, v,
+                                            full))
+                carried = list(loop.results)
+            heads.yield_(*carried)
         *dk_acc, dv = heads.results
         dk = {p.role: b.mul(acc, self.scale) for p, acc in zip(self.layout, dk_acc)}
         grad, side_grads = side_backward(base.k_side, b, dk, k_states, self.layout, cols, batch, col_ok)
@@ -322,42 +350,80 @@ class DkvKernel(_Recompute):
             lo = b.where(b.lt(n_start, prefix_v), 0, lo)
         return lo, hi
 
+    def _q_ranges(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> list[tuple[Value, Value, bool]]:
+        """[(lo, hi, full)]: the q blocks of `_q_range`, split where the tile plan is exact
+        into masked blocks, blocks inside every planned mask (no mask code) and masked
+        blocks again."""
+        b, online = self.b, self.online
+        bm, bn = self.base.block_m, self.base.block_n
+        lo, hi = self._q_range(n_start, q_len, kv_len)
+        lower, upper = online.option("band_lower"), online.option("band_upper")
+        if not self.full_tiles or online.option("prefix") is not None or (lower is None and upper is None):
+            return [(lo, hi, False)]
+        diag: Value = b.sub(kv_len, q_len) if online.str_option("band_align") == "bottom_right" else 0
+        full_lo: Value = lo
+        if upper is not None:  # every key of the block kept from above: q >= n_start + bn - 1 - diag - upper
+            first = b.maximum(b.sub(b.sub(b.add(n_start, bn - 1), diag), int(upper)), 0)
+            full_lo = b.mul(b.div(b.add(first, bm - 1), bm), bm)
+        full_hi: Value = b.mul(b.div(q_len, bm), bm)
+        if lower is not None:  # and from below: q <= n_start - diag - lower
+            last = b.sub(b.sub(n_start, diag), int(lower))
+            full_hi = b.minimum(full_hi, b.mul(b.div(b.maximum(b.add(last, 1), 0), bm), bm))
+        # Keys past the end make the whole block partial.
+        keys_in = b.le(b.add(n_start, bn), kv_len)
+        f0 = b.minimum(b.maximum(full_lo, lo), hi, name="q_full_lo")
+        f1 = b.where(keys_in, b.minimum(b.maximum(full_hi, f0), hi), f0, name="q_full_hi")
+        return [(lo, f0, False), (f0, f1, True), (f1, hi, False)]
+
     def _tile(self, start_m: SSAValue, state: list[SSAValue], batch: SSAValue, head: SSAValue,
-              cols: SSAValue, col_ok: SSAValue, k_parts: dict[str, SSAValue], v: SSAValue) -> list[SSAValue]:
+              cols: SSAValue, col_ok: SSAValue, k_parts: dict[str, SSAValue], v: SSAValue,
+              full_tile: bool) -> list[SSAValue]:
+        """One q block against this program's keys. Transposed (the default), Sᵀ, Pᵀ and
+        dSᵀ are [BN, BM] tiles, so K, V, Pᵀ and dSᵀ are register operands of the dots and
+        no computed tile is transposed; otherwise S, P and dS are [BM, BN] and P and dS
+        are transposed for the dK and dV products."""
         b, base, fwd = self.b, self.base, self.spec
+        t = self.options.transposed
         q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         rows = b.add(start_m, b.arange(0, base.block_m), name="rows")
         row_ok = b.lt(rows, q_len, name="row_ok")
         dtype = base._dtype(fwd.q)
-        q_in = load_parts(b, base.q_arg, base.q_arg.base(b, batch, head), rows, row_ok, self.layout)
+        q_in = load_parts(b, base.q_arg, base.q_arg.base(b, batch, head), rows, None if full_tile else row_ok,
+                          self.layout)
         if fwd.q_transforms:
             q32 = base.q_side.apply(b, {r: b.cast(t, f32) for r, t in q_in.items()}, self.layout, rows, batch, row_ok)
             q_in = {r: b.cast(t, dtype) for r, t in q32.items()}
         else:
             q_in = {r: b.cast(t, dtype) for r, t in q_in.items()}
-        valid = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
-        lse = b.load(self.lse_in.base(b, batch, head), b.mul(rows, self.lse_in.strides[2]), mask=row_ok, other=float("-inf"))
-        delta = b.load(self.delta_arg.base(b, batch, head), b.mul(rows, self.delta_arg.strides[2]), mask=row_ok, other=0.0)
-        p, inputs = self.probabilities(q_in, k_parts, self.layout, at, lse, full_tile=False)
-        d = b.arange(0, _pow2(base.v_dim))
-        offs = b.add(b.expand_dims(b.mul(rows, self.do_arg.strides[2]), 1), b.expand_dims(b.mul(d, self.do_arg.strides[3]), 0))
-        mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, base.v_dim), 0))
-        d_out = b.load(self.do_arg.base(b, batch, head), offs, mask=mask, other=0.0, name="d_out")
-        dp = b.dot(d_out, b.trans(v), name="dp")
+        valid = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(row_ok, 0), name="valid") if t else \
+            b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t)
+        lse_base, delta_base = self.lse_in.base(b, batch, head), self.delta_arg.base(b, batch, head)
+        lse_offs, delta_offs = b.mul(rows, self.lse_in.strides[2]), b.mul(rows, self.delta_arg.strides[2])
+        if full_tile:
+            lse, delta = b.load(lse_base, lse_offs), b.load(delta_base, delta_offs)
+        else:
+            lse = b.load(lse_base, lse_offs, mask=row_ok, other=float("-inf"))
+            delta = b.load(delta_base, delta_offs, mask=row_ok, other=0.0)
+        p, inputs = self.probabilities(q_in, k_parts, self.layout, at, lse, full_tile=full_tile)
+        d_out = load_rows(b, self.do_arg, self.do_arg.base(b, batch, head), rows, row_ok, base.v_dim, full_tile)
+        dp = b.dot(v, b.trans(d_out), name="dp_t") if t else b.dot(d_out, b.trans(v), name="dp")
         p_used = p
         if self.seed_bh is not None:
             keep = self.keep(at)
             rescale = 1.0 / (1.0 - self.dropout_p)
             p_used = b.where(keep, b.mul(p, rescale), 0.0)
             dp = b.where(keep, b.mul(dp, rescale), 0.0)
-        ds = b.mul(p, b.sub(dp, b.expand_dims(delta, 1)), name="ds")
-        ds, _ = self.chain.backward(b, ds, inputs, at, full_tile=False, on_bias=lambda n, g: None)
-        ds_t = b.trans(b.cast(ds, dtype))
+        ds = b.mul(p, b.sub(dp, at.q_vector(b, delta)), name="ds")
+        ds, _ = self.chain.backward(b, ds, inputs, at, full_tile=full_tile, on_bias=lambda n, g: None)
+        ds_low = b.cast(ds, dtype)
+        p_low = b.cast(p_used, base._dtype(fwd.v))
+        if not t:
+            ds_low, p_low = b.trans(ds_low), b.trans(p_low)
         n_parts = len(self.layout)
-        out = [b.dot(ds_t, q_in[part.role], acc) for part, acc in zip(self.layout, state[:n_parts])]
-        out.append(b.dot(b.trans(b.cast(p_used, base._dtype(fwd.v))), d_out, state[n_parts]))
+        out = [b.dot(ds_low, q_in[part.role], acc) for part, acc in zip(self.layout, state[:n_parts])]
+        out.append(b.dot(p_low, d_out, state[n_parts]))
         return out
 
 

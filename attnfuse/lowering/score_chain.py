@@ -31,10 +31,24 @@ class TileCoords:
     cols: SSAValue  # [BN] i32
     q_len: SSAValue
     kv_len: SSAValue
-    valid: SSAValue  # [BM, BN] i1: in bounds
+    valid: SSAValue  # [BM, BN] i1: in bounds ([BN, BM] when transposed)
+    transposed: bool = False
+    """The tile is [BN, BM]: keys along dim 0 (the dK/dV kernel's Sᵀ = K Qᵀ)."""
 
     def diag(self, b: TileBuilder, align: str) -> Value:
         return b.sub(self.kv_len, self.q_len) if align == "bottom_right" else 0
+
+    def q_vector(self, b: TileBuilder, x: SSAValue) -> SSAValue:
+        """A per-query [BM] vector as a 2-D tile that broadcasts along the keys."""
+        return b.expand_dims(x, 0 if self.transposed else 1)
+
+    def kv_vector(self, b: TileBuilder, x: SSAValue) -> SSAValue:
+        """A per-key [BN] vector as a 2-D tile that broadcasts along the queries."""
+        return b.expand_dims(x, 1 if self.transposed else 0)
+
+    def shape(self) -> tuple[int, int]:
+        m, n = len_of(self.rows), len_of(self.cols)
+        return (n, m) if self.transposed else (m, n)
 
 
 def alibi_slopes(heads: int, max_bias: float) -> list[float]:
@@ -116,7 +130,7 @@ class ScoreChain:
         if isinstance(op, BiasOp):
             return b.add(s, self._bias(b, n, op, at), name="s_biased")
         assert isinstance(op, ScoreModOp)
-        args = [s, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
+        args = [s, at.batch, at.head, at.q_vector(b, at.rows), at.kv_vector(b, at.cols)]
         return b.cast(lower_region(b, op.body.block, args, self.captures[n], at.valid), f32)
 
     def backward(
@@ -141,12 +155,12 @@ class ScoreChain:
                 if op.kind_name == "tensor":
                     on_bias(n, ds)
                 elif op.slopes is not None:
-                    distance = b.cast(b.sub(b.expand_dims(at.cols, 0), b.expand_dims(at.rows, 1)), f32)
+                    distance = b.cast(b.sub(at.kv_vector(b, at.cols), at.q_vector(b, at.rows)), f32)
                     contribution = b.where(at.valid, b.mul(ds, distance), 0.0)
                     slope_sums[n] = b.reduce_sum(b.reduce_sum(contribution, 1), 0)
             else:
                 assert isinstance(op, ScoreModOp)
-                args = [x, at.batch, at.head, b.expand_dims(at.rows, 1), b.expand_dims(at.cols, 0)]
+                args = [x, at.batch, at.head, at.q_vector(b, at.rows), at.kv_vector(b, at.cols)]
                 ds = region_backward(b, op.body.block, args, self.captures[n], at.valid, ds)
                 # Padding elements (out of bounds) may give inf/NaN derivatives: drop them.
                 ds = b.where(at.valid, ds, 0.0)
@@ -157,19 +171,19 @@ class ScoreChain:
         assert arg.ptr is not None
         if op.kind_name == "alibi":
             slope = b.cast(b.load(arg.ptr, b.mul(at.head, arg.strides[0])), f32, name="slope")
-            distance = b.sub(b.expand_dims(at.cols, 0), b.expand_dims(at.rows, 1))
+            distance = b.sub(at.kv_vector(b, at.cols), at.q_vector(b, at.rows))
             return b.mul(b.cast(distance, f32), slope)
         base = arg.base(b, at.batch, at.head)
         offs = b.add(
-            b.expand_dims(b.mul(at.rows, arg.strides[2]), 1),
-            b.expand_dims(b.mul(at.cols, arg.strides[3]), 0),
+            at.q_vector(b, b.mul(at.rows, arg.strides[2])),
+            at.kv_vector(b, b.mul(at.cols, arg.strides[3])),
         )
         return b.cast(b.load(base, offs, mask=at.valid, other=0.0), f32, name="bias")
 
     def keep(self, b: TileBuilder, n: int, op: MaskOp, at: TileCoords) -> SSAValue:
         """The i1 [BM, BN] tile of elements a mask keeps."""
-        q = b.expand_dims(at.rows, 1)
-        kv = b.expand_dims(at.cols, 0)
+        q = at.q_vector(b, at.rows)
+        kv = at.kv_vector(b, at.cols)
         kind = op.kind_name
         if kind in ("causal", "sliding_window"):
             shifted = b.add(q, at.diag(b, op.str_option("align")))
@@ -192,7 +206,7 @@ class ScoreChain:
             col_ok = b.lt(at.cols, at.kv_len)
             qi = b.load(q_ids.base(b, at.batch), b.mul(at.rows, q_ids.strides[1]), mask=row_ok, other=-1)
             ki = b.load(kv_ids.base(b, at.batch), b.mul(at.cols, kv_ids.strides[1]), mask=col_ok, other=-2)
-            return b.eq(b.expand_dims(qi, 1), b.expand_dims(ki, 0), name="same_doc")
+            return b.eq(at.q_vector(b, qi), at.kv_vector(b, ki), name="same_doc")
         if kind == "prefix_lm":
             if op.args:
                 arg = self.tensors[(n, 0)]
@@ -203,7 +217,7 @@ class ScoreChain:
             return b.or_(b.le(kv, q), b.lt(kv, prefix), name="keep")
         args = [at.batch, at.head, q, kv]
         keep = lower_region(b, op.predicate.block, args, self.captures[n], at.valid)
-        return b.broadcast_to(keep, (len_of(at.rows), len_of(at.cols)))
+        return b.broadcast_to(keep, at.shape())
 
 
 def len_of(tile: SSAValue) -> int:

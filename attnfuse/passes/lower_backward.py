@@ -28,7 +28,14 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp
 from attnfuse.dialects.host import DimOp
-from attnfuse.lowering.backward import BackwardSpec, DkvKernel, DqKernel, GradBuffers, build_preprocess
+from attnfuse.lowering.backward import (
+    BackwardSpec,
+    DkvKernel,
+    DkvOptions,
+    DqKernel,
+    GradBuffers,
+    build_preprocess,
+)
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.host_code import HostCode
@@ -54,7 +61,8 @@ class _Builder:
     """Builds one backward host function and its kernels."""
 
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
-                 rope_table: bool = True, transforms_in_kernel: bool = False) -> None:
+                 rope_table: bool = True, transforms_in_kernel: bool = False,
+                 dkdv: DkvOptions = DkvOptions()) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -77,6 +85,7 @@ class _Builder:
         self.results: list[SSAValue] = []
         self.grad_of: list[int] = []
         self.rope_table = rope_table
+        self.dkdv = dkdv
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
 
@@ -171,7 +180,7 @@ class _Builder:
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
         )
-        spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads)
+        spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
         self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch)
         dkv_kernel = DkvKernel(spec, f"{self.name}_bwd_dkdv")
@@ -300,6 +309,12 @@ class LowerBackwardPass(ModulePass):
     """In-kernel RoPE reads cos/sin from a table built once per call; false is the ablation."""
     transforms_in_kernel: bool = False
     """Keep in-kernel Q/K transforms in the backward kernels instead of pre-kernels."""
+    dkdv_transposed: bool = True
+    """dK/dV kernel computes Sᵀ = K Qᵀ (no transposes of computed tiles); false is the ablation."""
+    dkdv_full_tiles: bool = True
+    """dK/dV kernel walks q blocks inside the planned masks without mask code; false is the ablation."""
+    dkdv_num_warps: int = 0
+    """Warps per dK/dV program; 0 uses `num-warps`."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -313,7 +328,8 @@ class LowerBackwardPass(ModulePass):
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
-                               self.rope_table, self.transforms_in_kernel)
+                               self.rope_table, self.transforms_in_kernel,
+                               DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps))
             try:
                 backward = builder.build()
             except RegionLoweringError as err:
