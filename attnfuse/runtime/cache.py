@@ -35,7 +35,7 @@ from typing import Any
 
 from attnfuse.backends.triton.metadata import KernelMetadata
 
-FORMAT = "attnfuse-program/1"
+FORMAT = "attnfuse-program/2"
 """The entry format this module reads and writes."""
 
 
@@ -64,6 +64,7 @@ class CompiledProgram:
                     "num_stages": m.num_stages,
                     "launch": m.launch,
                     "do_not_specialize": list(m.do_not_specialize),
+                    "writes": None if m.writes is None else list(m.writes),
                 }
                 for name, m in self.kernels.items()
             },
@@ -123,7 +124,10 @@ def _is_str_list(value: Any) -> bool:
 def _kernel(name: str, data: Any) -> KernelMetadata | None:
     fields = {"name": str, "arg_names": list, "signature": dict, "num_warps": int,
               "num_stages": int, "launch": dict, "do_not_specialize": list}
-    if not isinstance(data, dict) or set(data) != set(fields):
+    if not isinstance(data, dict) or set(data) != {*fields, "writes"}:
+        return None
+    writes = data["writes"]
+    if writes is not None and not _is_str_list(writes):
         return None
     if any(not isinstance(data[f], t) or isinstance(data[f], bool) for f, t in fields.items()):
         return None
@@ -137,6 +141,7 @@ def _kernel(name: str, data: Any) -> KernelMetadata | None:
         name=name, arg_names=tuple(data["arg_names"]), signature=dict(signature),
         num_warps=data["num_warps"], num_stages=data["num_stages"], launch=data["launch"],
         do_not_specialize=tuple(data["do_not_specialize"]),
+        writes=None if writes is None else tuple(writes),
     )
 
 

@@ -63,7 +63,9 @@ def entries(directory: Path) -> list[Path]:
 
 
 def test_cache_dir_is_private(cache_dir: Path) -> None:
-    run_checked()
+    fn = run_checked()
+    again = attnfuse.compile(TINY, pipeline=PIPELINE)  # from the cache: the same metadata
+    assert again._host.metadata == fn._host.metadata  # noqa: SLF001
     assert (cache_dir.stat().st_mode & 0o777) == 0o700
     (entry,) = entries(cache_dir)
     assert (entry.stat().st_mode & 0o077) == 0
