@@ -6,10 +6,10 @@ attention = attnfuse.compile("examples/llama3.attn")
 out = attention(q, k, v)
 ```
 
-On a machine without CUDA, kernels run through the Triton interpreter, which Triton
-selects when it is imported: using the Python API before importing triton sets
-`TRITON_INTERPRET=1` in that case (set it yourself to `0` to opt out). The package
-imports torch and triton lazily, so the `attnfuse-opt` driver starts fast.
+CUDA tensors run compiled kernels; CPU tensors run the same kernels through the Triton
+interpreter, whatever `TRITON_INTERPRET` says (importing AttnFuse changes no environment
+variable). The package imports torch and triton lazily, so the `attnfuse-opt` driver
+starts fast.
 """
 
 from __future__ import annotations

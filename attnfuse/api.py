@@ -16,58 +16,33 @@ compiler's own source.
 
 from __future__ import annotations
 
-import os
-import sys
-
-if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
-    import torch as _torch
-
-    if not _torch.cuda.is_available():  # CPU only: kernels run through Triton's interpreter
-        os.environ["TRITON_INTERPRET"] = "1"
-
-import functools  # noqa: E402
+import functools
 import hashlib
-import json
-import threading
+import io
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, IntegerType, ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
 from xdsl.printer import Printer
 
-from attnfuse.backends.triton.emitter import KernelMetadata, emit_module, kernel_metadata
-from attnfuse.backends.triton.loader import default_cache_dir
-from attnfuse.backends.triton.runtime import HostProgram, torch_dtype
+from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
 from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
+from attnfuse.runtime import cache
+from attnfuse.runtime.autograd import Differentiable
+from attnfuse.runtime.checks import ArgumentChecker, AttnfuseArgumentError, Parameter
+from attnfuse.runtime.host import HostProgram, call_signature
+
+__all__ = ["AttentionFunction", "AttnfuseArgumentError", "Parameter", "compile"]
 
 _VERSION = "0.1.0"
-
-
-class AttnfuseArgumentError(ValueError):
-    """A call whose arguments do not match the program's signature."""
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """One argument of an attention program, as declared in its signature."""
-
-    index: int
-    name: str
-    type: Any
-
-    def describe(self) -> str:
-        if isinstance(self.type, TensorType):
-            dims = ", ".join("?" if d < 0 else str(d) for d in self.type.get_shape())
-            return f"[{dims}] {torch_dtype(self.type.element_type)}"
-        return str(self.type)
 
 
 @functools.cache
@@ -85,14 +60,27 @@ def _versions() -> str:
     )
 
 
-def _read_program(program: str | os.PathLike[str]) -> tuple[str, str]:
-    """(text, filename) of a program given as text or as a path."""
+def _read_program(program: object) -> tuple[str, str]:
+    """(text, filename) of a program given as text, a path or a module."""
+    if isinstance(program, ModuleOp):
+        return str(program), "<module>"
     if isinstance(program, os.PathLike) or (
         isinstance(program, str) and "\n" not in program and program.endswith((".attn", ".mlir"))
     ):
         path = Path(program)
         return path.read_text(), str(path)
-    return str(program), "<program>"
+    if isinstance(program, str):
+        return program, "<program>"
+    raise TypeError(
+        "attnfuse.compile: program must be program text (str), a path (str or os.PathLike) "
+        f"or an xDSL ModuleOp, got {type(program).__name__}"
+    )
+
+
+def _print(op: Any) -> str:
+    buf = io.StringIO()
+    Printer(stream=buf).print_op(op)
+    return buf.getvalue()
 
 
 class AttentionFunction:
@@ -109,31 +97,39 @@ class AttentionFunction:
         function = functions[0]
         self.name = function.sym_name.data
         analyzed = analyze(function)
-        self._symbolic = symbolic_shapes(analyzed)
-        self._shared_length = shared_length_operand(analyzed)
-        self._qkv = (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg)
         self.parameters = [
             Parameter(i, a.name_hint or f"arg{i}", a.type) for i, a in enumerate(function.args)
         ]
+        self._checker = ArgumentChecker(
+            self.name, self.parameters, symbolic_shapes(analyzed), shared_length_operand(analyzed),
+            (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg),
+        )
         self.returns_lse = len(function.function_type.outputs.data) == 2
         self.attn_ir = str(module)
         self.pipeline = pipeline
-        key = hashlib.sha256("\n".join([text, pipeline, device or "", _versions()]).encode()).hexdigest()
-        cached = _load_cache(key)
+        manager = PassManager(pipeline, device=device)
+        prints = [pass_fingerprint(type(p)) for p in manager.passes]
+        key = hashlib.sha256("\n".join([text, pipeline, device or "", _versions(), *map(str, prints)]).encode()).hexdigest()
+        cached = cache.load(key) if None not in prints else None
         if cached is None:
-            PassManager(pipeline, device=device).run(module, ctx, locations=locations)
+            manager.run(module, ctx, locations=locations)
             kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
-            self.triton_source = emit_module(kernels)
             host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
-            host_text = "\n".join(_print(f) for f in host_funcs)
-            metadata = {k.sym_name.data: kernel_metadata(k) for k in kernels}
+            compiled = cache.CompiledProgram(
+                source=emit_module(kernels),
+                host="\n".join(_print(f) for f in host_funcs),
+                kernels={k.sym_name.data: kernel_metadata(k) for k in kernels},
+            )
             self.lowered_ir = str(module)
-            _store_cache(key, self.triton_source, host_text, metadata)
+            if None not in prints:
+                cache.store(key, compiled)
         else:
-            self.triton_source, host_text, metadata = cached
-            self.lowered_ir = host_text
-            host_funcs = [f for f in parse_module_with_locations(ctx, host_text, "<cache>")[0].ops
+            compiled = cached
+            self.lowered_ir = compiled.host
+            host_funcs = [f for f in parse_module_with_locations(ctx, compiled.host, "<cache>")[0].ops
                           if isinstance(f, func.FuncOp)]
+        self.triton_source = compiled.source
+        metadata = compiled.kernels
         by_name = {f.sym_name.data: f for f in host_funcs}
         self._host = HostProgram(by_name[self.name], self.triton_source, metadata)
         reason = by_name[self.name].attributes.get("attnfuse.no_backward")
@@ -146,27 +142,30 @@ class AttentionFunction:
             grad_of = backward.attributes["attnfuse.grad_of"]
             assert isinstance(grad_of, ArrayAttr)
             self._grad_of = [int(a.value.data) for a in grad_of.data]  # type: ignore[attr-defined]
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, return_lse: bool = False) -> Any:
         """Run the program; differentiable when any tensor argument requires grad."""
-        device = self._check(args)
-        converted = [_as_scalar(a) if not isinstance(p.type, TensorType) else a for a, p in zip(args, self.parameters)]
-        needs_grad = torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in converted
-        )
-        if needs_grad:
+        args = self._checker.scalars(args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             if self._backward is None:
                 why = self._no_backward or "it was compiled without lower-backward"
                 raise RuntimeError(f"@{self.name} has no gradient: {why}")
-            out, lse = _Differentiable.apply(self, device, *converted)
+            out, lse = Differentiable.apply(self, *args)
         else:
-            out, lse = self._host.run(converted, device)[:2]
+            out, lse = self._forward(args)[:2]
         if return_lse or self.returns_lse:
             return out, lse
         return out
+
+    def _forward(self, args: Sequence[Any]) -> list[Any]:
+        """The forward host program on arguments whose scalars are converted."""
+        signature = call_signature(args)
+        plan = self._host.plan(signature)
+        if plan is not None:
+            return plan.run(args)
+        return self._host.build(args, signature, self._checker.check(args))
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
@@ -174,8 +173,10 @@ class AttentionFunction:
         assert self._backward is not None
         if d_lse is None:
             d_lse = torch.zeros_like(lse)
-        device = out.device
-        results = self._backward.run([*args, out, lse, d_out, d_lse], device)
+        full = [*self._checker.scalars(args), out, lse, d_out, d_lse]
+        signature = call_signature(full)
+        plan = self._backward.plan(signature)
+        results = plan.run(full) if plan is not None else self._backward.build(full, signature, out.device)
         grads: list[torch.Tensor | None] = [None] * len(self.parameters)
         for index, grad in zip(self._grad_of, results):
             grads[index] = grad
@@ -183,152 +184,10 @@ class AttentionFunction:
 
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""
-        device = self._check(args)
-        converted = [_as_scalar(a) if not isinstance(p.type, TensorType) else a for a, p in zip(args, self.parameters)]
-        results = self._host.run(converted, device)
+        results = self._forward(self._checker.scalars(args))
         if len(results) < 3:
             raise ValueError("compile with lower-to-tile{count-tiles=true} to count tiles")
         return int(results[2].item())
-
-    def _check(self, args: Sequence[Any]) -> torch.device:
-        if len(args) != len(self.parameters):
-            names = ", ".join(p.name for p in self.parameters)
-            raise AttnfuseArgumentError(
-                f"@{self.name} takes {len(self.parameters)} arguments ({names}), got {len(args)}"
-            )
-        device: torch.device | None = None
-        for param, arg in zip(self.parameters, args):
-            where = f"argument {param.index} '{param.name}'"
-            if not isinstance(param.type, TensorType):
-                if isinstance(arg, torch.Tensor) and arg.numel() != 1:
-                    raise AttnfuseArgumentError(f"{where}: expected a scalar {param.type}, got a tensor of shape {tuple(arg.shape)}")
-                if not isinstance(arg, (int, torch.Tensor)) and isinstance(param.type, IntegerType):
-                    raise AttnfuseArgumentError(f"{where}: expected an integer, got {type(arg).__name__}")
-                continue
-            if not isinstance(arg, torch.Tensor):
-                raise AttnfuseArgumentError(f"{where}: expected a tensor {param.describe()}, got {type(arg).__name__}")
-            shape = param.type.get_shape()
-            if arg.dim() != len(shape) or any(d >= 0 and d != s for d, s in zip(shape, arg.shape)):
-                raise AttnfuseArgumentError(
-                    f"{where}: expected shape {param.describe()}, got {tuple(arg.shape)} {arg.dtype}"
-                )
-            expected = torch_dtype(param.type.element_type)
-            if arg.dtype != expected:
-                raise AttnfuseArgumentError(f"{where}: expected dtype {expected}, got {arg.dtype}")
-            if device is None:
-                device = arg.device
-            elif arg.device != device:
-                raise AttnfuseArgumentError(f"{where}: on {arg.device}, but earlier arguments are on {device}")
-        if device is None:
-            raise AttnfuseArgumentError("no tensor arguments")
-        self._check_consistent(args)
-        return device
-
-    def _check_consistent(self, args: Sequence[Any]) -> None:
-        """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
-        k, then every tensor argument is checked against its expected shape."""
-        q_index, k_index, _ = self._qkv
-        q, k = args[q_index], args[k_index]
-        sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
-        if self._shared_length is not None and sizes["Sq"] != sizes["Skv"]:
-            param = self.parameters[self._shared_length]
-            raise AttnfuseArgumentError(
-                f"argument {param.index} '{param.name}' serves both queries and keys, so q and k "
-                f"must have the same length, got {sizes['Sq']} and {sizes['Skv']}"
-            )
-        for index, symbols in sorted(self._symbolic.items()):
-            arg = args[index]
-            want = [sizes[s] if isinstance(s, str) else s for s in symbols]
-            got = list(arg.shape)
-            if index not in self._qkv and len(got) == len(want) and symbols and symbols[0] == "B" and got[0] == 1:
-                want[0] = 1  # an extra operand may broadcast over the batch (read with stride 0)
-            if got != want:
-                shown = ", ".join(f"{s}={sizes[s]}" if isinstance(s, str) else str(s) for s in symbols)
-                param = self.parameters[index]
-                raise AttnfuseArgumentError(
-                    f"argument {index} '{param.name}': expected shape [{shown}], got {tuple(arg.shape)}"
-                )
-
-
-class _Differentiable(torch.autograd.Function):
-    """Forward saves the inputs, O and lse; backward runs the compiled backward kernels."""
-
-    @staticmethod
-    def forward(ctx: Any, fn: AttentionFunction, device: torch.device, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = fn._host.run(list(args), device)[:2]  # noqa: SLF001
-        ctx.fn = fn
-        ctx.tensor_index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        ctx.scalars = {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
-        ctx.needs = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
-        ctx.save_for_backward(*(args[i] for i in ctx.tensor_index), out, lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
-        fn: AttentionFunction = ctx.fn
-        saved = ctx.saved_tensors
-        *tensors, out, lse = saved
-        args: list[Any] = [None] * (len(tensors) + len(ctx.scalars))
-        for i, t in zip(ctx.tensor_index, tensors):
-            args[i] = t
-        for i, value in ctx.scalars.items():
-            args[i] = value
-        if d_out is None:
-            d_out = torch.zeros_like(out)
-        grads = fn.gradients(args, out, lse, d_out, d_lse)
-        for i, (needed, grad) in enumerate(zip(ctx.needs, grads)):
-            if needed and grad is None:
-                name = fn.parameters[i].name
-                raise RuntimeError(
-                    f"@{fn.name}: argument {i} '{name}' requires grad, but AttnFuse derives no gradient "
-                    "for it (only q, k, v, QK-norm weights, bias tensors, ALiBi slopes and sinks)"
-                )
-        return (None, None, *(g if needed else None for g, needed in zip(grads, ctx.needs)))
-
-
-def _as_scalar(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item()
-    return value
-
-
-def _print(op: Any) -> str:
-    import io
-
-    buf = io.StringIO()
-    Printer(stream=buf).print_op(op)
-    return buf.getvalue()
-
-
-def _cache_file(key: str) -> Path:
-    return default_cache_dir() / "programs" / f"{key}.json"
-
-
-def _load_cache(key: str) -> tuple[str, str, dict[str, KernelMetadata]] | None:
-    path = _cache_file(key)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    metadata = {name: KernelMetadata(**meta) for name, meta in data["kernels"].items()}
-    return data["source"], data["host"], metadata
-
-
-def _store_cache(key: str, source: str, host: str, metadata: dict[str, KernelMetadata]) -> None:
-    path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "source": source,
-        "host": host,
-        "kernels": {
-            name: {"name": m.name, "arg_names": list(m.arg_names), "signature": m.signature,
-                   "num_warps": m.num_warps, "num_stages": m.num_stages, "launch": m.launch}
-            for name, m in metadata.items()
-        },
-    }
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
 
 
 def compile(  # noqa: A001 - the natural name, as torch.compile
@@ -338,8 +197,5 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     entry: str | None = None,
 ) -> AttentionFunction:
     """Compile an attn program (text, a path to a .attn file, or a module)."""
-    if isinstance(program, ModuleOp):
-        text, filename = str(program), "<module>"
-    else:
-        text, filename = _read_program(program)
+    text, filename = _read_program(program)
     return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, device, entry)

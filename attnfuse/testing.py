@@ -15,7 +15,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerType, TensorType
 
-from attnfuse.backends.triton.runtime import torch_dtype
+from attnfuse.runtime.checks import torch_dtype
 
 TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
     # (atol, rtol) of |out - ref| <= atol + rtol * |ref|. The kernel rounds rotated /

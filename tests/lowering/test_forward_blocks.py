@@ -26,7 +26,7 @@ from programs import (
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse import reference
-from attnfuse.backends.triton import runtime
+from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.testing import assert_close
 
 CAUSAL = {"kind": "causal"}
@@ -997,13 +997,13 @@ def test_bshd_views(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = fn(*args)
 
     seen: list[int] = []
-    original = runtime._kernel_args
+    original = KernelLaunch.__call__
 
-    def spy(values: Any) -> list[Any]:
-        seen.extend(v.data_ptr() for v in values if isinstance(v, torch.Tensor))
-        return original(values)
+    def spy(self: KernelLaunch, slots: list[Any]) -> None:
+        seen.extend(slots[s].data_ptr() for _, s in self.fill if isinstance(slots[s], torch.Tensor))
+        original(self, slots)
 
-    monkeypatch.setattr(runtime, "_kernel_args", spy)
+    monkeypatch.setattr(KernelLaunch, "__call__", spy)
     got = fn(*views)
     assert torch.equal(got, expected)
     assert_close(got, reference.run(p.text, *views))

@@ -7,7 +7,7 @@
 * determinism: two backward runs give bit-identical gradients;
 * the disk cache: a program compiled a second time (cache hit) runs the same backward;
 * every backward kernel of every example compiles for sm_90 (in this process, through
-  `attnfuse.backends.triton.loader.compile_kernel_for_sm90`).
+  `attnfuse.backends.triton.sm90.compile_kernel_for_sm90`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
 from programs import Builder, Program
 
 import attnfuse
-from attnfuse.backends.triton.loader import (
+from attnfuse.backends.triton.sm90 import (
     SM90_PTX_TARGET,
     compile_kernel_for_sm90,
     ptx_target,

@@ -277,7 +277,7 @@ class TritonEmitter:
                 self.line(f"{name} = tl.cast({name}, {tl_dtype(arg.type)})")
         self.block(self.kernel.body.block.ops)
         header = [
-            "@triton.jit",
+            kernel_metadata(self.kernel).decorator(),
             f"def {self.kernel.sym_name.data}({', '.join(arg_names)}):",
         ]
         return "\n".join(header + (self.lines or ["    pass"])) + "\n"

@@ -2,15 +2,24 @@
 Launch metadata of `tile.kernel`s and the Triton names of their types.
 
 `kernel_metadata(kernel)` is what a runtime needs to launch an emitted kernel: its
-Python parameter names, its `triton.compile` signature, `num_warps`, `num_stages` and
-the `launch` dictionary as plain Python values. The `triton` target prints it as a
-comment above each kernel.
+Python parameter names, its `triton.compile` signature, `num_warps`, `num_stages`, the
+`launch` dictionary as plain Python values, and the scalar arguments Triton must not
+specialize on. The `triton` target prints it as a comment above each kernel.
+
+Triton specializes every integer argument on its value (1, divisible by 16, or
+neither), so lengths and batch sizes would each create new compiled variants. The
+kernel's scalar arguments (every integer that is not a tensor's stride: `B`, `Sq`,
+`Skv`, seeds, ...) are therefore emitted as `do_not_specialize`; strides stay
+specialized (a contiguous last dim, 16-aligned rows), so a kernel has at most two
+variants across lengths (lengths that are, or are not, multiples of 16 give strides
+that are or are not).
 """
 
 from __future__ import annotations
 
 import builtins
 import keyword
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +36,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     StringAttr,
 )
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, BlockArgument
 
 from attnfuse.dialects import tile
 from attnfuse.dialects.tile_types import (
@@ -120,6 +129,16 @@ class KernelMetadata:
     num_warps: int
     num_stages: int
     launch: dict[str, Any] = field(default_factory=dict[str, Any])
+    do_not_specialize: tuple[str, ...] = ()
+    """Scalar (non-stride integer) arguments Triton must not specialize on their value."""
+    writes: tuple[str, ...] | None = None
+    """Pointer arguments the kernel stores to (None: unknown, any may be written)."""
+
+    def decorator(self) -> str:
+        """The kernel's `@triton.jit` line."""
+        if not self.do_not_specialize:
+            return "@triton.jit"
+        return f"@triton.jit(do_not_specialize={list(self.do_not_specialize)!r})"
 
     def comment(self) -> str:
         args = ", ".join(f"{n}: {t}" for n, t in self.signature.items())
@@ -133,6 +152,33 @@ class KernelMetadata:
         )
 
 
+def scalar_arg_names(kernel: tile.KernelOp) -> tuple[str, ...]:
+    """Integer arguments that are not strides. Strides are named as such: `X_stride0`,
+    `X_stride1`, ... after each tensor `X` (see `lowering/signature.py`), or `stride_*`."""
+    return tuple(
+        name
+        for name, ty in zip(kernel_arg_names(kernel), kernel.arg_types)
+        if isinstance(ty, (IntegerType, IndexType)) and not re.search(r"(^|_)stride", name)
+    )
+
+
+def written_arg_names(kernel: tile.KernelOp) -> tuple[str, ...] | None:
+    """Pointer arguments that a `tile.store` / `tile.atomic_add` writes through, or
+    None when a stored-to pointer does not trace back to an argument."""
+    names = kernel_arg_names(kernel)
+    written: set[int] = set()
+    for op in kernel.walk():
+        if not isinstance(op, (tile.StoreOp, tile.AtomicAddOp)):
+            continue
+        ptr = op.ptr
+        while isinstance(ptr.owner, tile.PtrAddOp):
+            ptr = ptr.owner.ptr
+        if not (isinstance(ptr, BlockArgument) and ptr.owner is kernel.body.block):
+            return None
+        written.add(ptr.index)
+    return tuple(names[i] for i in sorted(written))
+
+
 def kernel_metadata(kernel: tile.KernelOp) -> KernelMetadata:
     names = kernel_arg_names(kernel)
     return KernelMetadata(
@@ -142,4 +188,6 @@ def kernel_metadata(kernel: tile.KernelOp) -> KernelMetadata:
         num_warps=kernel.num_warps.value.data,
         num_stages=kernel.num_stages.value.data,
         launch=attr_to_python(kernel.launch),
+        do_not_specialize=scalar_arg_names(kernel),
+        writes=written_arg_names(kernel),
     )

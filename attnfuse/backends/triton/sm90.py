@@ -1,8 +1,9 @@
-"""Compile many emitted kernels for Hopper (sm_90) in a separate process.
+"""Compile emitted kernels for Hopper (sm_90) without a GPU.
 
-`attnfuse.backends.triton.loader.compile_kernel_for_sm90` compiles one kernel in-process
-(no GPU needed). `compile_all` runs that in a fresh Python process, so that test suites
-can compile the kernels of several programs in parallel on several cores:
+`compile_kernel_for_sm90` compiles one kernel in-process: `triton.compile` with
+`GPUTarget("cuda", 90, 32)` (no GPU needed). `compile_all` runs that in a fresh Python
+process, so that test suites can compile the kernels of several programs in parallel on
+several cores:
 
 ```
 python -m attnfuse.backends.triton.sm90 kernels.json   # {"source": ..., "kernels": [...]}
@@ -22,6 +23,60 @@ from typing import Any
 
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.dialects.tile import KernelOp
+
+SM90_PTX_TARGET = ".target sm_90"
+"""Prefix of the PTX target line for Hopper (Triton emits `sm_90a`)."""
+
+
+def compile_for_sm90(
+    source: str,
+    kernel_name: str,
+    signature: dict[str, str],
+    constexprs: dict[str, Any] | None = None,
+    *,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> Any:
+    """
+    Compile one kernel of `source` for Hopper (sm_90) without a GPU:
+    `triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
+    90, 32))`. `signature` maps every argument name to its Triton type (`*bf16`,
+    `i32`, `fp32`, ..., or `constexpr`). Returns the `CompiledKernel`; its
+    `asm["ptx"]` holds the PTX and `asm["cubin"]` the ptxas output.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attnfuse.runtime.loader import load_kernels
+
+    fn = load_kernels(source, interpret=False)[kernel_name]
+    ast = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(
+        ast,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+
+
+def compile_kernel_for_sm90(kernel: KernelOp) -> Any:
+    """Emit `kernel` and compile it for sm_90 with its own signature and options."""
+    meta = kernel_metadata(kernel)
+    return compile_for_sm90(
+        emit_module(kernel),
+        meta.name,
+        meta.signature,
+        num_warps=meta.num_warps,
+        num_stages=meta.num_stages,
+    )
+
+
+def ptx_target(compiled: Any) -> str:
+    """The `.target` line of a compiled kernel's PTX (e.g. `.target sm_90a`)."""
+    for line in compiled.asm["ptx"].splitlines():
+        if line.startswith(".target"):
+            return line.strip()
+    raise ValueError("no .target line in the PTX")
 
 
 def compile_all(kernels: Iterable[KernelOp], timeout: float = 600) -> dict[str, str]:
@@ -56,8 +111,6 @@ def compile_all(kernels: Iterable[KernelOp], timeout: float = 600) -> dict[str, 
 
 
 def _main(path: str) -> dict[str, Any]:
-    from attnfuse.backends.triton.loader import compile_for_sm90, ptx_target
-
     with open(path) as f:
         payload = json.load(f)
     targets: dict[str, Any] = {}

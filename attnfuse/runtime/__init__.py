@@ -1,0 +1,12 @@
+"""Run time: what a compiled program needs to run, apart from compile-time code.
+
+- `loader`: emitted Triton source -> live kernels (compiled or interpreted), from memory;
+- `host`: host code read once into launch plans per shape class;
+- `launch`: one kernel launch of a plan (the launch-argument list, the direct launcher);
+- `checks`: argument checks at the kernel boundary (`AttnfuseArgumentError`);
+- `autograd`: the `torch.autograd.Function` of a compiled program;
+- `cache`: the disk cache of compiled programs (per user, validated, never imported).
+
+Importing these modules changes no environment variable and imports no Triton: Triton
+is imported when the first kernel is loaded.
+"""

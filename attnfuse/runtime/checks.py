@@ -1,0 +1,189 @@
+"""Argument checks at the boundary between a call and its kernels.
+
+`ArgumentChecker.check` validates a call against the program's signature (count,
+kinds, layouts, dtypes, devices, dynamic dims) the first time a shape class is seen;
+`ArgumentChecker.scalars` converts and range-checks the integer scalars (seeds) of every
+call; `check_int32_layout` guards the 32-bit indexing of kernels. Every failure is an
+`AttnfuseArgumentError` naming the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IntegerType,
+    TensorType,
+)
+from xdsl.ir import Attribute
+
+INT32_MAX = 2**31 - 1
+
+
+class AttnfuseArgumentError(ValueError):
+    """A call whose arguments do not match the program's signature."""
+
+
+def torch_dtype(element_type: Attribute) -> torch.dtype:
+    if isinstance(element_type, BFloat16Type):
+        return torch.bfloat16
+    if isinstance(element_type, Float16Type):
+        return torch.float16
+    if isinstance(element_type, Float32Type):
+        return torch.float32
+    if isinstance(element_type, Float64Type):
+        return torch.float64
+    if isinstance(element_type, IntegerType):
+        return {1: torch.bool, 8: torch.int8, 32: torch.int32, 64: torch.int64}[element_type.width.data]
+    raise TypeError(f"no torch dtype for {element_type}")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One argument of an attention program, as declared in its signature."""
+
+    index: int
+    name: str
+    type: Any
+
+    def describe(self) -> str:
+        if isinstance(self.type, TensorType):
+            dims = ", ".join("?" if d < 0 else str(d) for d in self.type.get_shape())
+            return f"[{dims}] {torch_dtype(self.type.element_type)}"
+        return str(self.type)
+
+
+def check_int32_layout(tensor: torch.Tensor, where: str) -> None:
+    """Kernels take i32 strides and index within a [batch, head] slice in 32 bits."""
+    shape, strides = tensor.shape, tensor.stride()
+    for dim, (size, stride) in enumerate(zip(shape, strides)):
+        if size > 1 and abs(stride) > INT32_MAX:
+            raise AttnfuseArgumentError(
+                f"{where}: stride {stride} of dim {dim} exceeds the kernels' 32-bit strides "
+                f"(at most {INT32_MAX}); pass a contiguous copy (.contiguous())"
+            )
+    leading = {4: 2, 3: 1, 2: 1}.get(len(shape), 0)
+    span = sum((size - 1) * abs(stride) for size, stride in zip(shape[leading:], strides[leading:]) if size > 1)
+    if span > INT32_MAX:
+        raise AttnfuseArgumentError(
+            f"{where}: shape {tuple(shape)} with strides {strides} spans {span} elements within "
+            f"one batch/head slice, more than the kernels' 32-bit offsets address ({INT32_MAX})"
+        )
+
+
+def _integer(param: Parameter, value: Any) -> int:
+    where = f"argument {param.index} '{param.name}'"
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise AttnfuseArgumentError(
+                f"{where}: expected a scalar {param.type}, got a tensor of shape {tuple(value.shape)}"
+            )
+        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            raise AttnfuseArgumentError(f"{where}: expected an integer, got a {value.dtype} tensor")
+        if value.device.type == "meta":
+            raise AttnfuseArgumentError(f"{where}: a meta tensor has no value")
+        value = value.item()
+    if isinstance(value, bool):
+        raise AttnfuseArgumentError(f"{where}: expected an integer, got bool")
+    try:
+        number = operator.index(value)  # int, numpy integers, anything integer-like
+    except TypeError:
+        raise AttnfuseArgumentError(f"{where}: expected an integer, got {type(value).__name__}") from None
+    width = param.type.width.data
+    low, high = -(2 ** (width - 1)), 2 ** (width - 1) - 1
+    if not low <= number <= high:
+        raise AttnfuseArgumentError(f"{where}: {number} does not fit in {param.type} ([{low}, {high}])")
+    return number
+
+
+class ArgumentChecker:
+    """The checks of one program's calls (see the module docstring)."""
+
+    def __init__(self, name: str, parameters: Sequence[Parameter], symbolic: dict[int, tuple[str | int, ...]],
+                 shared_length: int | None, qkv: tuple[int, int, int]) -> None:
+        self.name = name
+        self.parameters = list(parameters)
+        self.symbolic = symbolic
+        self.shared_length = shared_length
+        self.qkv = qkv
+        self.scalar_params = [p for p in self.parameters if not isinstance(p.type, TensorType)]
+
+    def scalars(self, args: Sequence[Any]) -> Sequence[Any]:
+        """`args` with integer scalars as checked Python ints (every call)."""
+        if len(args) != len(self.parameters):
+            names = ", ".join(p.name for p in self.parameters)
+            raise AttnfuseArgumentError(
+                f"@{self.name} takes {len(self.parameters)} arguments ({names}), got {len(args)}"
+            )
+        if not self.scalar_params:
+            return args
+        converted = list(args)
+        for param in self.scalar_params:
+            if isinstance(param.type, IntegerType):
+                converted[param.index] = _integer(param, args[param.index])
+        return converted
+
+    def check(self, args: Sequence[Any]) -> torch.device:
+        """Check tensors against the signature; the device the call runs on."""
+        device: torch.device | None = None
+        for param, arg in zip(self.parameters, args):
+            if not isinstance(param.type, TensorType):
+                continue
+            where = f"argument {param.index} '{param.name}'"
+            if not isinstance(arg, torch.Tensor):
+                raise AttnfuseArgumentError(f"{where}: expected a tensor {param.describe()}, got {type(arg).__name__}")
+            if arg.layout != torch.strided:
+                raise AttnfuseArgumentError(f"{where}: expected a dense (strided) tensor, got layout {arg.layout}; "
+                                            "convert it with .to_dense()")
+            shape = param.type.get_shape()
+            if arg.dim() != len(shape) or any(d >= 0 and d != s for d, s in zip(shape, arg.shape)):
+                raise AttnfuseArgumentError(
+                    f"{where}: expected shape {param.describe()}, got {tuple(arg.shape)} {arg.dtype}"
+                )
+            expected = torch_dtype(param.type.element_type)
+            if arg.dtype != expected:
+                raise AttnfuseArgumentError(f"{where}: expected dtype {expected}, got {arg.dtype}")
+            if device is None:
+                device = arg.device
+            elif arg.device != device:
+                raise AttnfuseArgumentError(f"{where}: on {arg.device}, but earlier arguments are on {device}")
+            if arg.device.type == "meta":
+                raise AttnfuseArgumentError(f"{where}: a meta tensor has no data to run kernels on")
+            check_int32_layout(arg, where)
+        if device is None:
+            raise AttnfuseArgumentError("no tensor arguments")
+        self._check_consistent(args)
+        return device
+
+    def _check_consistent(self, args: Sequence[Any]) -> None:
+        """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
+        k, then every tensor argument is checked against its expected shape."""
+        q_index, k_index, _ = self.qkv
+        q, k = args[q_index], args[k_index]
+        sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
+        if self.shared_length is not None and sizes["Sq"] != sizes["Skv"]:
+            param = self.parameters[self.shared_length]
+            raise AttnfuseArgumentError(
+                f"argument {param.index} '{param.name}' serves both queries and keys, so q and k "
+                f"must have the same length, got {sizes['Sq']} and {sizes['Skv']}"
+            )
+        for index, symbols in sorted(self.symbolic.items()):
+            arg = args[index]
+            want = [sizes[s] if isinstance(s, str) else s for s in symbols]
+            got = list(arg.shape)
+            if index not in self.qkv and len(got) == len(want) and symbols and symbols[0] == "B" and got[0] == 1:
+                want[0] = 1  # an extra operand may broadcast over the batch (read with stride 0)
+            if got != want:
+                shown = ", ".join(f"{s}={sizes[s]}" if isinstance(s, str) else str(s) for s in symbols)
+                param = self.parameters[index]
+                raise AttnfuseArgumentError(
+                    f"argument {index} '{param.name}': expected shape [{shown}], got {tuple(arg.shape)}"
+                )

@@ -1,0 +1,334 @@
+"""Run lowered programs: host code resolved once into launch plans.
+
+A `HostProgram` reads the host code of one lowered function (sizes, buffers, launches,
+reductions; see the `host` dialect) once, into IR-free instructions over numbered
+slots. A call then looks up the `LaunchPlan` of its *shape class*: the tensor
+arguments' shapes, strides, dtypes, device and 16-byte alignment, and whether each
+integer scalar fits in 32 bits. That is everything Triton specializes a kernel on, so a
+plan fixes every size, grid, buffer shape and kernel argument but the data pointers and
+dynamic scalars. The first call of a shape class builds its plan while running (and
+checks every tensor at the kernel boundary); later calls run the plan: a few
+allocations and kernel launches.
+
+Tensors reach kernels as a pointer plus per-dim strides, so any strided view works
+without a copy; a size-1 dim gets stride 0, which is how broadcast operands (a
+`[1, H, S, S]` bias) are read. Kernels index within a tensor with 32-bit offsets (batch
+and head offsets are 64-bit), so a stride, or the offset spanned by the dims after batch
+and head, that exceeds int32 is an `AttnfuseArgumentError` naming the tensor.
+
+A launch whose inputs are only shapes and constants (the block map of a mask that does
+not read tensors, e.g. a custom predicate over indices) runs once per plan: its output
+buffers are kept with the plan. A block map that reads data (document ids) runs on
+every call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from xdsl.dialects import arith, func
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, TensorType
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.backends.triton.metadata import KernelMetadata
+from attnfuse.dialects.host import AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
+from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
+from attnfuse.runtime.launch import KernelLaunch
+
+MAX_PLANS = 64
+"""Launch plans kept per host program (oldest dropped first)."""
+
+Slots = list[Any]
+Step = Callable[[Slots], None]
+
+_INT_OPS: dict[type[Operation], Callable[[int, int], int]] = {
+    arith.AddiOp: lambda a, b: a + b,
+    arith.SubiOp: lambda a, b: a - b,
+    arith.MuliOp: lambda a, b: a * b,
+    arith.CeilDivSIOp: lambda a, b: -(-a // b),
+    arith.DivSIOp: lambda a, b: int(a / b),
+    arith.MaxSIOp: max,
+    arith.MinSIOp: min,
+}
+
+
+def call_signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The shape class of a call (see the module docstring); None for arguments that
+    have none (sparse tensors, non-integers): the checks then explain what is wrong."""
+    try:
+        return _signature(args)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(
+        (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0)
+        if isinstance(a, torch.Tensor)
+        else (type(a), -(2**31) <= a < 2**31)
+        for a in args
+    )
+
+
+class LaunchPlan:
+    """The steps of one host program for one shape class (see the module docstring)."""
+
+    def __init__(self, device: torch.device, blank: Slots, steps: list[Step], returns: tuple[int, ...]) -> None:
+        self.device = device
+        self.blank = blank
+        self.steps = steps
+        self.returns = returns
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        slots = [*args, *self.blank]
+        if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                for step in self.steps:
+                    step(slots)
+        else:
+            for step in self.steps:
+                step(slots)
+        return [slots[i] for i in self.returns]
+
+
+class HostProgram:
+    """The host code of one lowered attention function, read once."""
+
+    def __init__(self, function: func.FuncOp, source: str, metadata: Mapping[str, KernelMetadata]) -> None:
+        self.name = function.sym_name.data
+        self.source = source
+        self.metadata = dict(metadata)
+        self.arg_names = [a.name_hint or f"arg{i}" for i, a in enumerate(function.args)]
+        slots: dict[SSAValue, int] = {a: i for i, a in enumerate(function.args)}
+        self.ops: list[Operation] = list(function.body.block.ops)
+        for op in self.ops:
+            for result in op.results:
+                slots[result] = len(slots)
+        self.slots = slots
+        self.n_args = len(function.args)
+        ret = function.body.block.last_op
+        assert isinstance(ret, func.ReturnOp)
+        self.returns = tuple(slots[v] for v in ret.arguments)
+        self.cached_launches = self._launches_of_shapes_only()
+        self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
+        self._tables: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ calling
+
+    def plan(self, signature: tuple[Any, ...] | None) -> LaunchPlan | None:
+        """The plan of a shape class (`call_signature(args)`), if one was built."""
+        return self._plans.get(signature) if signature is not None else None
+
+    def build(self, args: Sequence[Any], signature: tuple[Any, ...] | None, device: torch.device) -> list[Any]:
+        """Run on checked arguments of a new shape class, keeping its plan."""
+        if device.type == "cuda" and torch.cuda.current_device() != device.index:
+            with torch.cuda.device(device):
+                plan, results = self._build(args, device)
+        else:
+            plan, results = self._build(args, device)
+        if signature is not None:
+            with self._lock:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[signature] = plan
+        return results
+
+    def plan_count(self) -> int:
+        return len(self._plans)
+
+    # ------------------------------------------------------------------ planning
+
+    def _launches_of_shapes_only(self) -> set[LaunchOp]:
+        """Launches that read only sizes and constants and write buffers no one else
+        writes and the function does not return: their results depend on shapes only."""
+        writers: dict[SSAValue, list[LaunchOp]] = {}
+        written_by: dict[LaunchOp, set[SSAValue]] = {}
+        for op in self.ops:
+            if not isinstance(op, LaunchOp):
+                continue
+            meta = self.metadata[op.kernel.root_reference.data]
+            tensors = [a for a in op.args if isinstance(a.type, TensorType)]
+            if meta.writes is None:
+                written = set(tensors)
+            else:
+                names = iter(meta.arg_names)
+                by_name: dict[str, SSAValue] = {}
+                for a in op.args:
+                    by_name[next(names)] = a
+                    if isinstance(a.type, TensorType):
+                        for _ in a.type.get_shape():
+                            next(names)
+                written = {by_name[n] for n in meta.writes if n in by_name}
+            written_by[op] = written
+            for value in written:
+                writers.setdefault(value, []).append(op)
+        returned = {self.ops[-1].operands[i] for i in range(len(self.ops[-1].operands))}
+        static: set[SSAValue] = set()
+        cached: set[LaunchOp] = set()
+        for op in self.ops:
+            if isinstance(op, (DimOp, arith.ConstantOp)) or (
+                type(op) in _INT_OPS and all(o in static for o in op.operands)
+            ):
+                static.update(op.results)
+            elif isinstance(op, LaunchOp):
+                written = written_by[op]
+                reads_static = all(a in static or a in written for a in op.operands)
+                owns = all(
+                    isinstance(a.owner, AllocOp) and writers[a] == [op] and a not in returned
+                    for a in written
+                )
+                if reads_static and owns and written:
+                    cached.add(op)
+                    static.update(written)
+        return cached
+
+    def _table(self, op: arith.ConstantOp, device: torch.device) -> torch.Tensor:
+        key = (id(op), device)
+        if key not in self._tables:
+            value = op.value
+            assert isinstance(value, DenseIntOrFPElementsAttr)
+            data = [float(x) for x in value.get_values()]
+            self._tables[key] = torch.tensor(data, dtype=torch.float32, device=device)
+        return self._tables[key]
+
+    def _build(self, args: Sequence[Any], device: torch.device) -> tuple[LaunchPlan, list[Any]]:
+        """Run once, generically, recording the steps a later call of the same shape
+        class needs (static values are computed here and baked into the steps)."""
+        from attnfuse.runtime.loader import load_kernels
+
+        kernels = load_kernels(self.source, interpret=device.type == "cpu")
+        slots: Slots = [*args, *([None] * (len(self.slots) - self.n_args))]
+        static: set[int] = set()
+        kept: dict[int, Any] = {}
+        steps: list[Step] = []
+        for op in self.ops:
+            if isinstance(op, func.ReturnOp):
+                break
+            out = self.slots[op.results[0]] if op.results else -1
+            step: Step | None = None
+            if isinstance(op, DimOp):
+                slots[out] = int(slots[self.slots[op.source]].shape[op.index.value.data])
+                static.add(out)
+            elif isinstance(op, arith.ConstantOp):
+                if isinstance(op.value, IntegerAttr):
+                    slots[out] = op.value.value.data
+                else:
+                    slots[out] = kept[out] = self._table(op, device)
+                static.add(out)
+            elif type(op) in _INT_OPS:
+                step = self._int_step(op, out, slots, static)
+            elif isinstance(op, AllocOp):
+                step = self._alloc_step(op, out, slots, device)
+            elif isinstance(op, LaunchOp):
+                step = self._launch_step(op, slots, static, kernels, device)
+                if op in self.cached_launches:
+                    step(slots)  # runs once; its buffers stay with the plan
+                    for a in op.args:
+                        index = self.slots[a]
+                        if isinstance(a.type, TensorType) and index not in static:
+                            static.add(index)
+                            kept[index] = slots[index]
+                    steps = [s for s in steps if getattr(s, "out", None) not in kept]
+                    continue
+            elif isinstance(op, ReduceSumOp):
+                step = _reduce_step(op, out, self.slots[op.input])
+            elif isinstance(op, ConvertOp):
+                ty = op.result.type
+                assert isinstance(ty, TensorType)
+                step = _convert_step(out, self.slots[op.input], torch_dtype(ty.element_type))
+            else:
+                raise TypeError(f"the runtime cannot execute host op {op.name}")
+            if step is not None:
+                step(slots)
+                steps.append(step)
+        blank: Slots = [None] * (len(self.slots) - self.n_args)
+        for index, value in kept.items():
+            blank[index - self.n_args] = value
+        plan = LaunchPlan(device, blank, steps, self.returns)
+        return plan, [slots[i] for i in self.returns]
+
+    def _int_step(self, op: Operation, out: int, slots: Slots, static: set[int]) -> Step | None:
+        fn = _INT_OPS[type(op)]
+        a, b = (self.slots[o] for o in op.operands)
+        if a in static and b in static:
+            slots[out] = fn(slots[a], slots[b])
+            static.add(out)
+            return None
+        const = {i: slots[i] for i in (a, b) if i in static}
+
+        def int_op(s: Slots) -> None:
+            s[out] = fn(const.get(a, s[a]), const.get(b, s[b]))
+
+        return int_op
+
+    def _alloc_step(self, op: AllocOp, out: int, slots: Slots, device: torch.device) -> Step:
+        ty = op.result.type
+        assert isinstance(ty, TensorType)
+        sizes = iter(slots[self.slots[s]] for s in op.sizes)
+        shape = tuple(next(sizes) if d < 0 else d for d in ty.get_shape())
+        dtype = torch_dtype(ty.element_type)
+        make = torch.zeros if op.zero is not None else torch.empty
+
+        def alloc(s: Slots) -> None:
+            s[out] = make(shape, dtype=dtype, device=device)
+
+        alloc.out = out  # type: ignore[attr-defined]
+        return alloc
+
+    def _launch_step(self, op: LaunchOp, slots: Slots, static: set[int], kernels: Mapping[str, Any],
+                     device: torch.device) -> Step:
+        """The one place where a launch's argument list is built (see `KernelLaunch`)."""
+        name = op.kernel.root_reference.data
+        meta = self.metadata[name]
+        grid = tuple(int(slots[self.slots[g]]) for g in (op.grid_x, op.grid_y, op.grid_z))
+        template: list[Any] = []
+        fill: list[tuple[int, int]] = []
+        for value in op.args:
+            index = self.slots[value]
+            arg = slots[index]
+            if isinstance(arg, torch.Tensor):
+                where = self._describe(value)
+                check_int32_layout(arg, where)
+                if arg.device != device:
+                    raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
+                if index not in static:
+                    fill.append((len(template), index))
+                template.append(arg if index in static else None)
+                template.extend(0 if size == 1 else stride for size, stride in zip(arg.shape, arg.stride()))
+            else:
+                if index not in static:
+                    fill.append((len(template), index))
+                template.append(arg if index in static else None)
+        launch = KernelLaunch(kernels[name], meta, grid, template, tuple(fill), device)
+        return launch if 0 not in grid else _skip
+
+    def _describe(self, value: SSAValue) -> str:
+        index = self.slots[value]
+        if index < self.n_args:
+            return f"argument {index} '{self.arg_names[index]}' of @{self.name}"
+        return f"buffer '{value.name_hint or index}' of @{self.name}"
+
+
+def _skip(_: Slots) -> None:
+    """An empty grid launches nothing."""
+
+
+def _reduce_step(op: ReduceSumOp, out: int, source: int) -> Step:
+    dims = tuple(op.dims.get_values())
+    keepdim = op.keepdim is not None
+
+    def reduce(s: Slots) -> None:
+        s[out] = s[source].sum(dim=dims, keepdim=keepdim, dtype=torch.float32)
+
+    return reduce
+
+
+def _convert_step(out: int, source: int, dtype: torch.dtype) -> Step:
+    def convert(s: Slots) -> None:
+        s[out] = s[source].to(dtype)
+
+    return convert

@@ -1,0 +1,71 @@
+"""One kernel launch of a launch plan, with everything but the data resolved.
+
+`KernelLaunch` holds a launch's grid and its argument list as a template: strides,
+sizes, constant tables and buffers that a plan keeps are filled in; `fill` lists the
+positions of the tensors and scalars that change from call to call. (Host-side
+arguments that a kernel may take later, such as Triton tensor descriptors, belong in
+the template the same way, built in `HostProgram._launch_step`.)
+
+On a GPU the first launch goes through `JITFunction.run`, which binds, specializes and
+compiles (or finds the compiled kernel in Triton's caches) and returns the
+`CompiledKernel`; a plan fixes everything Triton specializes on, so later launches call
+that kernel's launcher directly, on the current stream. Launch hooks
+(`triton.knobs.runtime.launch_enter_hook`, profilers) still run. On the CPU every launch
+goes through Triton's interpreter, one at a time (`loader.INTERPRETER_LOCK`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from attnfuse.backends.triton.metadata import KernelMetadata
+from attnfuse.runtime.loader import INTERPRETER_LOCK
+
+
+class KernelLaunch:
+    """A launch step of a plan (see the module docstring); call it with the slots."""
+
+    __slots__ = ("compiled", "device_index", "fill", "grid", "kernel", "knobs", "meta", "stream", "template")
+
+    def __init__(self, kernel: Any, meta: KernelMetadata, grid: tuple[int, int, int],
+                 template: list[Any], fill: Sequence[tuple[int, int]], device: torch.device) -> None:
+        self.kernel = kernel
+        self.meta = meta
+        self.grid = grid
+        self.template = template
+        self.fill = tuple(fill)
+        self.device_index = device.index if device.type == "cuda" else None
+        self.compiled: Any = None
+        self.stream: Any = None
+        self.knobs: Any = None
+
+    def __call__(self, slots: list[Any]) -> None:
+        args = self.template.copy()
+        for position, slot in self.fill:
+            args[position] = slots[slot]
+        if self.device_index is None:
+            with INTERPRETER_LOCK:
+                self.kernel[self.grid](*args, num_warps=self.meta.num_warps, num_stages=self.meta.num_stages)
+        elif self.compiled is None:
+            self._first_launch(args)
+        else:
+            kernel = self.compiled
+            stream = self.stream(self.device_index)
+            enter = self.knobs.launch_enter_hook
+            metadata = kernel.launch_metadata(self.grid, stream, *args) if enter is not None else None
+            g0, g1, g2 = self.grid
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, metadata,
+                       enter, self.knobs.launch_exit_hook, *args)
+
+    def _first_launch(self, args: list[Any]) -> None:
+        from triton import knobs
+        from triton.runtime import driver
+
+        self.stream = driver.active.get_current_stream
+        self.knobs = knobs.runtime
+        self.compiled = self.kernel[self.grid](
+            *args, num_warps=self.meta.num_warps, num_stages=self.meta.num_stages
+        )

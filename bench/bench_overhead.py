@@ -1,0 +1,120 @@
+"""Per-call host overhead and compiled variants: AttnFuse vs SDPA and flex_attention (needs CUDA).
+
+Llama-3-8B attention (32/8 heads, D=128, bf16, causal; AttnFuse also applies RoPE) at
+B=1, S=128, where a call is host-bound. For each implementation:
+
+* `wall_us`: wall time per call over many back-to-back calls (synchronized at the end);
+* `gpu_us`: the GPU time of the kernels of one call (from the profiler, summed);
+* `host_us` = `wall_us - gpu_us`: what the host adds (issue 7 target: < 30 us for AttnFuse).
+
+Then AttnFuse's compiled variants per kernel (entries in Triton's kernel cache) after
+calls at S in {127, 128, 129, 2048, 2049, 4096} and B in {1, 3} (target: at most 2).
+
+    python bench/bench_overhead.py [--out overhead.json] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import attnfuse
+from attnfuse import examples
+from attnfuse.runtime.loader import load_kernels
+
+HQ, HKV, D = 32, 8, 128
+LENGTHS = (127, 128, 129, 2048, 2049, 4096)
+BATCHES = (1, 3)
+
+
+def wall_us(fn: Callable[[], Any], calls: int) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def gpu_us(fn: Callable[[], Any], calls: int = 200) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0)
+    return total / calls
+
+
+def implementations(batch: int, seq: int) -> dict[str, Callable[[], Any]]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    q = torch.randn(batch, HQ, seq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, HKV, seq, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, HKV, seq, D, device="cuda", dtype=torch.bfloat16)
+    fn = attnfuse.compile(examples.path("llama3"))
+    flex = torch.compile(flex_attention)
+    mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seq, seq, device="cuda")
+    return {
+        "attnfuse (llama3, RoPE + causal)": lambda: fn(q, k, v),
+        "sdpa (causal)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        "flex_attention (causal block mask)": lambda: flex(q, k, v, block_mask=mask, enable_gqa=True),
+    }
+
+
+def variants() -> dict[str, int]:
+    """Compiled variants per AttnFuse kernel after calls at every (B, S)."""
+    fn = attnfuse.compile(examples.path("llama3"))
+    for batch in BATCHES:
+        for seq in LENGTHS:
+            q = torch.randn(batch, HQ, seq, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(batch, HKV, seq, D, device="cuda", dtype=torch.bfloat16)
+            fn(q, k, k)
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    kernels = load_kernels(fn.triton_source, interpret=False)
+    return {
+        name: len(kernel.device_caches[device][0])
+        for name, kernel in kernels.items()
+        if device in kernel.device_caches
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_overhead.py needs a CUDA GPU")
+    rows = []
+    for name, fn in implementations(1, 128).items():
+        wall, gpu = wall_us(fn, args.calls), gpu_us(fn)
+        rows.append({"impl": name, "batch": 1, "seq": 128, "wall_us": wall, "gpu_us": gpu, "host_us": wall - gpu})
+    print(f"{'implementation (B=1, S=128)':40} {'wall us':>9} {'gpu us':>9} {'host us':>9}")
+    for r in rows:
+        print(f"{r['impl']:40} {r['wall_us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:9.1f}")
+    counts = variants()
+    print(f"\ncompiled variants per kernel, S in {LENGTHS}, B in {BATCHES}:")
+    for name, count in counts.items():
+        print(f"  {name:40} {count}")
+    result = {"device": torch.cuda.get_device_name(), "overhead": rows, "variants": counts,
+              "lengths": LENGTHS, "batches": BATCHES}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
