@@ -68,7 +68,7 @@ class BackwardSpec:
 class DkvOptions:
     """How the dK/dV kernel is built (each is a `lower-backward` option)."""
 
-    transposed: bool = True
+    transposed: bool = False
     """Compute Sᵀ = K Qᵀ, Pᵀ and dSᵀ as [BN, BM] tiles: no computed tile is transposed."""
     full_tiles: bool = True
     """Walk q blocks inside every planned mask without mask code or bounds masks."""
@@ -378,7 +378,7 @@ class DkvKernel(_Recompute):
     def _tile(self, start_m: SSAValue, state: list[SSAValue], batch: SSAValue, head: SSAValue,
               cols: SSAValue, col_ok: SSAValue, k_parts: dict[str, SSAValue], v: SSAValue,
               full_tile: bool) -> list[SSAValue]:
-        """One q block against this program's keys. Transposed (the default), Sᵀ, Pᵀ and
+        """One q block against this program's keys. Transposed, Sᵀ, Pᵀ and
         dSᵀ are [BN, BM] tiles, so K, V, Pᵀ and dSᵀ are register operands of the dots and
         no computed tile is transposed; otherwise S, P and dS are [BM, BN] and P and dS
         are transposed for the dK and dV products."""

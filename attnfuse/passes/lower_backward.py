@@ -309,8 +309,9 @@ class LowerBackwardPass(ModulePass):
     """In-kernel RoPE reads cos/sin from a table built once per call; false is the ablation."""
     transforms_in_kernel: bool = False
     """Keep in-kernel Q/K transforms in the backward kernels instead of pre-kernels."""
-    dkdv_transposed: bool = True
-    """dK/dV kernel computes Sᵀ = K Qᵀ (no transposes of computed tiles); false is the ablation."""
+    dkdv_transposed: bool = False
+    """dK/dV kernel computes Sᵀ = K Qᵀ (no transposes of computed tiles, but K and V become
+    register operands: measured 25% slower on an H200, run 11)."""
     dkdv_full_tiles: bool = True
     """dK/dV kernel walks q blocks inside the planned masks without mask code; false is the ablation."""
     dkdv_num_warps: int = 0

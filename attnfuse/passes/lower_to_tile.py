@@ -44,7 +44,7 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
-from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
+from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec, _pow2
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.passes.mask_tiling import effective_masks
@@ -59,20 +59,26 @@ def rope_inverse_frequencies(op: RopeOp) -> list[float]:
     return [float(x) for x in inverse_frequencies(params)]
 
 
-SHARED_MEMORY_BUDGET = 220 * 1024
-"""Bytes of shared memory a forward program may use (an H100/H200 SM has 227 KiB)."""
+SHARED_MEMORY_BUDGET = 227 * 1024
+"""Bytes of shared memory a program may use on an H100/H200 SM (232448, the limit Triton
+reports for sm_90)."""
 
 
-def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp) -> int:
+def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False) -> int:
     """The deepest KV pipeline (<= 3 stages) whose tiles fit the shared-memory budget:
-    the Q tile plus one K and one V tile per stage, in the input element size."""
+    the Q tile plus one K and one V tile per stage, in the input element size, plus two
+    K-sized buffers when K is transformed in the kernel (the loaded and the transformed
+    tile). This is what Triton 3.6 allocates for the forward kernel (checked for every
+    head dim and dtype by tests/lowering/test_shared_memory.py)."""
     q_type, v_type = program.scores.q.type, program.v_type
     assert isinstance(q_type, TensorType)
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
+    head_pad, v_pad = _pow2(head_dim), _pow2(v_dim)
     elem = 4 if q_type.element_type == f32 else 2
     block_m, block_n = online.int_option("block_m"), online.int_option("block_n")
+    fixed = elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
     for stages in (3, 2):
-        if elem * (block_m * head_dim + stages * block_n * (head_dim + v_dim)) <= SHARED_MEMORY_BUDGET:
+        if fixed + elem * stages * block_n * (head_pad + v_pad) <= SHARED_MEMORY_BUDGET:
             return stages
     return 1
 
@@ -182,7 +188,8 @@ class LowerToTilePass(ModulePass):
             k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.num_warps or (8 if block_m >= 128 else 4),
-            num_stages=self.num_stages or pipeline_stages(program, online),
+            num_stages=self.num_stages or pipeline_stages(
+                program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")

@@ -28,12 +28,12 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i64
 from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from attnfuse.dialects.attn import BiasOp, MaskOp
-from attnfuse.program import ProgramError, analyze, find_functions
+from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
 @dataclass(frozen=True)
@@ -210,6 +210,18 @@ def effective_masks(score_ops: list[Operation]) -> list[MaskOp]:
     return masks
 
 
+def default_block_n(program: AttentionProgram) -> int:
+    """128 keys per block for 16-bit inputs with Q/K and V head dims up to 128 (with
+    128-row q blocks, 3 pipeline stages then fit an H200 SM: the fastest forward measured
+    for Llama-3-8B, docs/benchmarks.md run 11), else 64 (wider rows or f32 leave room for
+    fewer stages of 128 keys)."""
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    v_type = program.v_type
+    narrow = max(q_type.get_shape()[3], v_type.get_shape()[3]) <= 128
+    return 128 if narrow and q_type.element_type != f32 else 64
+
+
 @dataclass(frozen=True)
 class MaskTilingPass(ModulePass):
     """Record the tile plan (loop bounds, full tiles, block map) of every program."""
@@ -220,7 +232,8 @@ class MaskTilingPass(ModulePass):
     block_m: int = 0
     """Query rows per program; 0 picks 128."""
     block_n: int = 0
-    """Keys per KV block; 0 picks 64 (the fastest measured on an H200 for head dim 128)."""
+    """Keys per KV block; 0 picks `default_block_n` (128 for 16-bit inputs with head dims
+    up to 128, else 64)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for size, what in ((self.block_m, "block-m"), (self.block_n, "block-n")):
@@ -232,7 +245,7 @@ class MaskTilingPass(ModulePass):
                 raise ProgramError("mask-tiling runs after online-softmax", program.scores)
             plan = plan_masks(effective_masks(program.score_ops))
             block_m = self.block_m or 128
-            block_n = self.block_n or 64
+            block_n = self.block_n or default_block_n(program)
             for key, value in plan.properties(block_m, block_n).items():
                 program.online.properties[key] = value
 

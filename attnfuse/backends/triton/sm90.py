@@ -32,17 +32,19 @@ def compile_for_sm90(
     source: str,
     kernel_name: str,
     signature: dict[str, str],
-    constexprs: dict[str, Any] | None = None,
+    constexprs: dict[tuple[int, ...], Any] | None = None,
     *,
     num_warps: int = 4,
     num_stages: int = 3,
+    attrs: dict[tuple[int, ...], Any] | None = None,
 ) -> Any:
     """
     Compile one kernel of `source` for Hopper (sm_90) without a GPU:
-    `triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
+    `triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda",
     90, 32))`. `signature` maps every argument name to its Triton type (`*bf16`,
     `i32`, `fp32`, ..., or `constexpr`). Returns the `CompiledKernel`; its
-    `asm["ptx"]` holds the PTX and `asm["cubin"]` the ptxas output.
+    `asm["ptx"]` holds the PTX, `asm["cubin"]` the ptxas output and `metadata.shared`
+    the shared memory it needs.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -51,7 +53,7 @@ def compile_for_sm90(
     from attnfuse.runtime.loader import load_kernels
 
     fn = load_kernels(source, interpret=False)[kernel_name]
-    ast = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    ast = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(
         ast,
         target=GPUTarget("cuda", 90, 32),
@@ -59,16 +61,65 @@ def compile_for_sm90(
     )
 
 
-def compile_kernel_for_sm90(kernel: KernelOp) -> Any:
-    """Emit `kernel` and compile it for sm_90 with its own signature and options."""
+def compile_kernel_for_sm90(kernel: KernelOp, *, specialize: bool = False) -> Any:
+    """Emit `kernel` and compile it for sm_90 with its own signature and options.
+
+    `specialize` compiles it as the JIT does for contiguous tensors with 16-aligned
+    sizes (pointers and specialized integers divisible by 16, each tensor's last stride
+    the constant 1): the form whose loads are vectorized and software-pipelined, so its
+    registers and shared memory are those of a real launch."""
     meta = kernel_metadata(kernel)
+    signature = dict(meta.signature)
+    constexprs: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    if specialize:
+        last_stride = {f"{arg}_stride{rank - 1}" for arg, rank in _tensor_ranks(signature).items()}
+        for i, (arg, ty) in enumerate(signature.items()):
+            if arg in last_stride:
+                constexprs[(i,)] = 1
+                signature[arg] = "constexpr"
+            elif ty.startswith("*") or (ty in ("i32", "i64") and arg not in meta.do_not_specialize):
+                attrs[(i,)] = [["tt.divisibility", 16]]
     return compile_for_sm90(
         emit_module(kernel),
         meta.name,
-        meta.signature,
+        signature,
+        constexprs,
         num_warps=meta.num_warps,
         num_stages=meta.num_stages,
+        attrs=attrs,
     )
+
+
+def _tensor_ranks(signature: dict[str, str]) -> dict[str, int]:
+    """Tensor argument name -> rank, from the `<name>_stride<i>` arguments after it."""
+    ranks: dict[str, int] = {}
+    for arg in signature:
+        base, sep, index = arg.rpartition("_stride")
+        if sep and index.isdigit() and base in signature:
+            ranks[base] = max(ranks.get(base, 0), int(index) + 1)
+    return ranks
+
+
+def ptxas_usage(compiled: Any) -> dict[str, int]:
+    """Registers and spill-store bytes of a compiled kernel, from Triton's own `ptxas -v`
+    on its PTX (the CompiledKernel only learns them when loaded on a GPU)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        done = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(ptx) + ".o"],
+                              capture_output=True, text=True, check=True)
+    text = done.stderr + done.stdout
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores", text)
+    return {"regs": int(regs.group(1)) if regs else -1, "spill_bytes": int(spills.group(1)) if spills else 0}
 
 
 def ptx_target(compiled: Any) -> str:
