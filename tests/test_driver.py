@@ -14,7 +14,7 @@ import pytest
 from xdsl.universe import Universe
 
 import attnfuse.driver as driver
-from attnfuse.driver import EXIT_ERROR, EXIT_INTERNAL, AttnfuseOptMain, main
+from attnfuse.driver import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, AttnfuseOptMain, main
 from attnfuse.pass_manager import available_passes, unregister_pass
 
 ROOT = Path(__file__).parent.parent
@@ -272,3 +272,116 @@ def test_universe_is_published_for_stock_xdsl_opt() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "attn.online_softmax" in proc.stdout
+
+
+# ------------------------------------------------ user input never crashes (issue 8)
+
+LLAMA = ROOT / "examples" / "llama3.attn"
+
+
+def one_located_error(err: str, path: str) -> str:
+    """The first line of ``err``, asserting it is a located error."""
+    first = err.splitlines()[0]
+    assert re.match(re.escape(path) + r":\d+:\d+: error: ", first), err
+    return first
+
+
+def test_invalid_encodings_are_located_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = b"func.func @f() {\n  \xff\xfe\n}\n"
+    path = tmp_path / "bad.mlir"
+    path.write_bytes(bad)
+    code, _, err = run([str(path)], capsys)
+    assert code == EXIT_ERROR
+    assert one_located_error(err, str(path)).endswith(":2:3: error: invalid UTF-8 byte 0xff")
+    path.write_bytes(LLAMA.read_text().encode("utf-16"))
+    code, _, err = run([str(path)], capsys)
+    assert code == EXIT_ERROR and "1:1: error: input is UTF-16" in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad)))
+    code, _, err = run([], capsys)
+    assert code == EXIT_ERROR and err.startswith("<stdin>:2:3: error: invalid UTF-8")
+    # a bad chunk does not stop the chunks after it; its lines are the file's lines
+    path.write_bytes(GOOD.encode() + b"// -----\n" + bad + b"// -----\n" + GOOD.encode())
+    code, out, err = run([str(path), "--split-input-file"], capsys)
+    assert code == EXIT_ERROR and f"{path}:8:3: error: invalid UTF-8" in err
+    assert out.count("func.func @f") == 2
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())  # a UTF-8 byte-order mark is fine
+    assert run([str(path)], capsys)[0] == 0
+
+
+def test_deep_nesting_is_a_located_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ops = '  "test.op"() ({\n' * 400 + "  }) : () -> ()\n" * 400
+    path = write(tmp_path, "func.func @f() {\n" + ops + "  func.return\n}\n")
+    code, _, err = run([path, "--allow-unregistered-dialect"], capsys)
+    assert code == EXIT_ERROR and "error: input nests too deeply" in one_located_error(
+        err, path
+    )
+    path = write(tmp_path, "func.func @f() -> " + "tensor<" * 2000 + "f32" + ">" * 2000)
+    code, _, err = run([path], capsys)
+    assert code == EXIT_ERROR and "input nests too deeply" in one_located_error(err, path)
+
+
+def test_float_option_out_of_f32_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = LLAMA.read_text().replace("%qr, %kr :", "%qr, %kr {scale = 1.0e300} :")
+    path = write(tmp_path, text, "big.attn")
+    code, _, err = run([path, "-t", "triton"], capsys)
+    assert code == EXIT_ERROR
+    first = one_located_error(err, path)
+    assert first.endswith("error: option 'scale' is out of the f32 range (|x| <= 3.402823e+38)")
+
+
+def test_write_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([str(LLAMA), "-o", "/dev/full"], capsys)
+    assert code == EXIT_ERROR
+    assert err == "attnfuse-opt: error: cannot write '/dev/full': No space left on device\n"
+
+
+def test_bad_target_options_are_rejected_before_the_pipeline_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [str(LLAMA), "--pass-plugin", str(PLUGIN), "-p", "test-crash"]
+    code, _, err = run([*args, "-t", "triton{x=1}"], capsys)
+    assert code == EXIT_USAGE and "crashed" not in err
+    assert err.startswith("attnfuse-opt: error: invalid options for -t 'triton': ")
+    code, _, err = run([str(LLAMA), "-f", "attn{x=1}"], capsys)
+    assert code == EXIT_USAGE and "invalid options for -f 'attn'" in err
+
+
+def test_stdin_closed_and_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", None)
+    for args in ([], ["-"]):
+        code, _, err = run(args, capsys)
+        assert code == EXIT_ERROR
+        assert err == "attnfuse-opt: error: cannot read '<stdin>': standard input is closed\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BAD_SYNTAX.encode())))
+    code, _, err = run(["-"], capsys)
+    assert code == EXIT_ERROR and err.startswith("<stdin>:2:22: error: Expected ','")
+
+
+def test_redefined_symbol_is_located(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD + GOOD.replace("%b = ", "%d = "))
+    code, _, err = run([path], capsys)
+    assert code == EXIT_ERROR and "builtin.module" not in err
+    assert err.splitlines()[0] == (
+        f"{path}:6:1: error: 'func.func' op redefinition of symbol named 'f'"
+    )
+    assert err.splitlines()[-1] == f"note: see existing symbol definition here ({path}:1:1)"
+
+
+def test_crashing_chunk_does_not_stop_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD + "// -----\n" + BAD_TYPES + "// -----\n" + GOOD)
+    args = [path, "--split-input-file", "--pass-plugin", str(PLUGIN)]
+    code, _, err = run([*args, "-p", "test-crash"], capsys)
+    assert code == EXIT_INTERNAL and err.count("pass 'test-crash' crashed") == 2
+    assert f"{path}:8:8: error: 'arith.addi' op" in err

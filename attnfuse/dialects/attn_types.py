@@ -40,6 +40,8 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 DYNAMIC = DYNAMIC_INDEX
+F32_MAX = 3.4028234663852886e38
+"""The largest finite f32: float options become f32 constants in the kernels."""
 """Marker of a dynamic (`?`) dimension: xDSL's own (`TensorType.get_shape()` gives it for `?`)."""
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
@@ -265,6 +267,12 @@ def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> di
             value = -number if negative else number
             if isinstance(value, float) and not math.isfinite(value):
                 parser.raise_error(f"option '{key}' must be finite", value_start, parser.pos)
+            if isinstance(value, float) and abs(value) > F32_MAX:
+                parser.raise_error(
+                    f"option '{key}' is out of the f32 range (|x| <= {F32_MAX:.7g})",
+                    value_start,
+                    parser.pos,
+                )
             if isinstance(value, int) and not -(2**63) <= value < 2**63:
                 parser.raise_error(
                     f"option '{key}' is out of the i64 range", value_start, parser.pos
