@@ -137,7 +137,8 @@ def parse_expectations(
             below, last_plain = [], number
             pos += len(line) + 1
             continue
-        span = Span(pos + start.start(), pos + start.end(), text, line_offset)
+        begin = pos + line.index("expected-", start.start())
+        span = Span(begin, pos + start.end(), text, line_offset)
         pos += len(line) + 1
         rest = _REST.match(line, start.end())
         if rest is None:

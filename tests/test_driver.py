@@ -101,18 +101,27 @@ def test_verify_error_location(
 def test_verify_diagnostics_and_split_offsets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text = GOOD + "// -----\n" + BAD_TYPES + "// -----\n" + BAD_SYNTAX
+    annotated_types = BAD_TYPES.replace(
+        "-> i32\n  func.return", "-> i32  // expected-error {{'arith.addi' op}}\n  func.return"
+    )
+    annotated_syntax = BAD_SYNTAX + "// expected-error @-2 {{Expected ','}}\n"
+    text = GOOD + "// -----\n" + annotated_types + "// -----\n" + annotated_syntax
     path = write(tmp_path, text)
     code, out, err = run([path, "--split-input-file", "--verify-diagnostics"], capsys)
     assert code == 0 and err == ""
     assert out.count("// -----\n") == 2
-    assert f"{path}:8:8: error: 'arith.addi' op" in out
-    assert f"{path}:13:22: error: Expected ','" in out
     assert "func.func @f" in out  # the valid chunk is still printed
+    assert "error" not in out
 
     code, out, err = run([path, "--split-input-file"], capsys)
     assert code == EXIT_ERROR
     assert f"{path}:8:8: error" in err and f"{path}:13:22: error" in err  # all chunks
+
+    wrong = text.replace("{{Expected ','}}", "{{Expected ';'}}")
+    code, _, err = run([write(tmp_path, wrong), "--split-input-file", "--verify-diagnostics"], capsys)
+    assert code == EXIT_ERROR
+    assert f"{path}:13:22: error: unexpected error: Expected ','" in err
+    assert f"""{path}:15:4: error: expected error "Expected ';'" was not produced""" in err
 
 
 def test_stdin_input(
