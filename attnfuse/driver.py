@@ -3,12 +3,14 @@
 An ``xDSLOptMain`` subclass that knows the attn/tile dialects, the ``.attn`` frontend,
 AttnFuse's passes and the ``triton`` target. Pipelines run through
 :class:`attnfuse.pass_manager.PassManager` (prerequisite checks, verification after
-every pass, timing, IR dumps). Every error is printed as an MLIR-style diagnostic
-(``file:line:col: error: reason``); the driver never shows a Python traceback unless
-``ATTNFUSE_TRACEBACK=1``.
+every pass, timing, IR dumps). Every error on user input is an MLIR-style diagnostic
+(``file:line:col: error: reason``) or a one-line ``attnfuse-opt: error: reason``; the
+driver never shows a Python traceback unless ``ATTNFUSE_TRACEBACK=1``.
+``--verify-diagnostics`` checks diagnostics against ``// expected-*`` annotations
+(:mod:`attnfuse.diagnostic_verifier`).
 
-Exit codes: 0 success (also for diagnostics printed under ``--verify-diagnostics``),
-1 invalid input or pipeline, 2 command-line usage error, 3 internal compiler error.
+Exit codes: 0 success, 1 invalid input or pipeline (or a diagnostic mismatch under
+``--verify-diagnostics``), 2 command-line usage error, 3 internal compiler error.
 See docs/driver.md.
 """
 
@@ -24,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from io import BytesIO
-from typing import IO, Any, NoReturn
+from typing import IO, NoReturn
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
@@ -48,6 +50,7 @@ from attnfuse.diagnostics import (
     verify_module,
 )
 from attnfuse.frontend import AttnFrontend
+from attnfuse.pass_listing import ListPassesAction, help_epilog
 from attnfuse.pass_manager import (
     PassCrashError,
     PassManager,
@@ -55,11 +58,9 @@ from attnfuse.pass_manager import (
     TimingReport,
     available_passes,
     load_pass_plugin,
-    pass_summary,
 )
 from attnfuse.passes import (
     DEFAULT_PIPELINE,
-    PASSES,
     PassPluginError,
     PassUnavailableError,
 )
@@ -181,38 +182,13 @@ class AttnfuseOptMain(xDSLOptMain):
         )
         arg_parser.add_argument(
             "--list-passes",
-            action=_ListPassesAction,
-            driver=self,
+            action=ListPassesAction,
+            passes=self.available_passes,
             help="list every available pass (AttnFuse, plugins and xDSL) and exit",
         )
         if self._want_help:  # imports pass modules for their docstrings: help only
             arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-            arg_parser.epilog = self._passes_epilog()
-
-    def _passes_epilog(self) -> str:
-        ours = [n for n in PASSES if n in self.available_passes]
-        xdsl = _xdsl_pass_names()
-        extra = sorted(
-            n for n in self.available_passes if n not in PASSES and n not in xdsl
-        )
-        width = max((len(n) for n in [*ours, *extra]), default=10) + 2
-        lines = ["AttnFuse passes:"]
-        lines += [
-            f"  {n:<{width}}{pass_summary(self.available_passes[n])}" for n in ours
-        ]
-        if extra:
-            lines += ["", "Plugin and user passes:"]
-            for n in extra:
-                lines.append(f"  {n:<{width}}{pass_summary(self.available_passes[n])}")
-        lines += [
-            "",
-            f"Default pipeline for -t triton: {DEFAULT_PIPELINE}",
-            f"xDSL's {len(xdsl)} generic passes (canonicalize, cse, dce, ...) also work "
-            "in -p; --list-passes shows them all.",
-            "Docs: docs/driver.md (flags, pipeline syntax, diagnostics), "
-            "docs/extending.md (writing passes).",
-        ]
-        return "\n".join(lines)
+            arg_parser.epilog = help_epilog(self.available_passes)
 
     # -------------------------------------------------------------------- pipeline
 
@@ -518,40 +494,6 @@ def _discard_output(output: IO[str]) -> None:
         output.close()
     except OSError:
         pass  # the buffered text is lost: that is the error being reported
-
-
-def _xdsl_pass_names() -> set[str]:
-    from xdsl.transforms import get_all_passes
-
-    return set(get_all_passes())
-
-
-class _ListPassesAction(argparse.Action):
-    """``--list-passes``: print every pass with its one-line summary, then exit."""
-
-    def __init__(self, *args: Any, driver: AttnfuseOptMain, **kwargs: Any) -> None:
-        super().__init__(*args, nargs=0, **kwargs)
-        self.driver = driver
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any
-    ) -> None:
-        passes = self.driver.available_passes
-        xdsl = _xdsl_pass_names()
-        groups = {
-            "AttnFuse": [n for n in PASSES if n in passes],
-            "Plugin and user": sorted(
-                n for n in passes if n not in PASSES and n not in xdsl
-            ),
-            "xDSL": sorted(n for n in passes if n in xdsl and n not in PASSES),
-        }
-        width = max(len(n) for n in passes) + 2
-        for title, names in groups.items():
-            if names:
-                print(f"{title} passes:")
-                for n in names:
-                    print(f"  {n:<{width}}{pass_summary(passes[n])}".rstrip())
-        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
