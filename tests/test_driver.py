@@ -342,6 +342,11 @@ def test_float_option_out_of_f32_range(
     assert code == EXIT_ERROR
     first = one_located_error(err, path)
     assert first.endswith("error: option 'scale' is out of the f32 range (|x| <= 3.402823e+38)")
+    # found by the driver fuzz: a denormal theta made the rotation frequencies overflow f32
+    text = LLAMA.read_text().replace("theta = 500000.0", "theta = 1.0e-320")
+    code, _, err = run([write(tmp_path, text, "theta.attn"), "-t", "triton"], capsys)
+    assert code == EXIT_ERROR
+    assert "'attn.rope' op theta and factor give rotation frequencies beyond the f32" in err
 
 
 def test_write_errors(capsys: pytest.CaptureFixture[str]) -> None:

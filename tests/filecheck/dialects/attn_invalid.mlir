@@ -1361,3 +1361,25 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op result must be a tensor of v's element type
 // CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf32>
 // CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// rotation frequencies theta^(-2i/d) beyond f32 (driver fuzz: lower-backward crashed)
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 1.0e-320} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op theta and factor give rotation frequencies beyond the f32 range}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op theta and factor give rotation frequencies beyond the f32 range (theta^(-2i/rotary_dim) / factor > 3.4e38)
+// CHECK-NEXT: %r = attn.rope %q {theta = 1.0e-320} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// the same through a tiny scaling factor
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "linear", factor = 1.0e-40} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op theta and factor give rotation frequencies beyond the f32 range}}
+  func.return
+}
