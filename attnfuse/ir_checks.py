@@ -6,7 +6,9 @@
   checks them, so ``%b = f(%a)`` before ``%a = ...`` would otherwise compile. The
   block-level relation is xDSL's :class:`~xdsl.irdl.dominance.DominanceInfo`; this
   module adds the value-level rules on top (order inside a block, nested regions,
-  unreachable blocks, the module's graph region).
+  unreachable blocks, the module's graph region). Unlike MLIR, ``DominanceInfo`` also
+  counts unreachable predecessors, which can only make the check stricter for a value
+  defined in a non-entry block and used in a block that an unreachable block jumps to.
 * **Symbol redefinition**: xDSL reports it on the symbol table op (often the implicit
   module, which has no location); :func:`first_redefined_symbol` names the second
   definition, so the error can point at it.
@@ -86,6 +88,8 @@ class DominanceChecker:
             )
         if not self._is_reachable(use_block, region):
             return True  # MLIR: anything dominates an unreachable block
+        if def_block is region.blocks.first:
+            return True  # the entry block dominates every reachable block
         if (info := self._dominance.get(region)) is None:
             info = self._dominance[region] = DominanceInfo(region)
         return info.dominates(def_block, use_block)

@@ -237,6 +237,11 @@ def test_dominance_across_blocks() -> None:
     _verify(BRANCHES.replace("%USE", "%a"))  # a function argument dominates all
     moved = BRANCHES.replace("  cf.br ^bb3\n^bb2:", "  %z = arith.addi %x, %a : i32\n  cf.br ^bb3\n^bb2:")
     _verify(moved.replace("%USE", "%a"))  # same block, after the definition
+    entry = "  %e = arith.addi %a, %a : i32\n  cf.cond_br"
+    unreachable = BRANCHES.replace("  cf.cond_br", entry).replace(
+        "^bb3:\n", "^bb4:\n  cf.br ^bb3\n^bb3:\n"
+    )
+    _verify(unreachable.replace("%USE", "%e"))  # an unreachable jump into ^bb3
 
 
 def test_reference_rejects_use_before_def_instead_of_a_key_error() -> None:
