@@ -216,22 +216,27 @@ def _is_blank(text: str) -> bool:
 
 
 def decode_source(data: str | bytes, filename: str = "<input>") -> str:
-    """``data`` as text; a located ``ParseError`` if it is not UTF-8.
+    """``data`` as text; a located ``ParseError`` if it is not UTF-8 text.
 
-    A UTF-8 byte-order mark is dropped; UTF-16 input (a UTF-16 byte-order mark) and
-    invalid UTF-8 are reported at the first offending byte.
+    A UTF-8 byte-order mark is dropped; UTF-16 input (a UTF-16 byte-order mark),
+    invalid UTF-8 and NUL characters (UTF-16 without a byte-order mark, binary data)
+    are reported at the first offending byte.
     """
-    if isinstance(data, str):
-        return data
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        span = Span(0, 1, Input(data.decode("utf-16", "replace"), filename))
-        raise ParseError(span, "input is UTF-16 (byte-order mark); expected UTF-8")
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        start = len(data[: e.start].decode("utf-8"))
-        span = Span(start, start + 1, Input(data.decode("utf-8", "replace"), filename))
-        raise ParseError(span, f"invalid UTF-8 byte 0x{data[e.start]:02x}") from None
+    if isinstance(data, bytes):
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            span = Span(0, 1, Input(data.decode("utf-16", "replace"), filename))
+            raise ParseError(span, "input is UTF-16 (byte-order mark); expected UTF-8")
+        try:
+            data = data.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError as e:
+            start = len(data[: e.start].decode("utf-8"))
+            text = Input(data.decode("utf-8", "replace"), filename)
+            message = f"invalid UTF-8 byte 0x{data[e.start]:02x}"
+            raise ParseError(Span(start, start + 1, text), message) from None
+    if (nul := data.find("\0")) >= 0:
+        text = Input(data.replace("\0", " "), filename)
+        raise ParseError(Span(nul, nul + 1, text), "unexpected NUL character (UTF-16?)")
+    return data
 
 
 def parse_module_with_locations(

@@ -307,6 +307,9 @@ def test_invalid_encodings_are_located_errors(
     path.write_bytes(LLAMA.read_text().encode("utf-16"))
     code, _, err = run([str(path)], capsys)
     assert code == EXIT_ERROR and "1:1: error: input is UTF-16" in err
+    path.write_bytes(LLAMA.read_text().encode("utf-16-le"))  # no byte-order mark
+    code, _, err = run([str(path)], capsys)
+    assert code == EXIT_ERROR and "1:2: error: unexpected NUL character (UTF-16?)" in err
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad)))
     code, _, err = run([], capsys)
     assert code == EXIT_ERROR and err.startswith("<stdin>:2:3: error: invalid UTF-8")
