@@ -40,9 +40,11 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 DYNAMIC = DYNAMIC_INDEX
+"""Marker of a dynamic (`?`) dimension: xDSL's own (`TensorType.get_shape()` gives it for `?`)."""
 F32_MAX = 3.4028234663852886e38
 """The largest finite f32: float options become f32 constants in the kernels."""
-"""Marker of a dynamic (`?`) dimension: xDSL's own (`TensorType.get_shape()` gives it for `?`)."""
+I32_MAX = 2**31 - 1
+"""The largest static dim: kernels compute sizes and indices in i32."""
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
 
@@ -145,6 +147,9 @@ def qkv_shape(value_type: Attribute, what: str) -> tuple[int, int, int, int]:
             raise VerifyException(f"{what} {name} dim must be static")
         if d < 1:
             raise VerifyException(f"{what} {name} dim must be positive, got {d}")
+    for name, d in zip(("batch", "heads", "seq", "head_dim"), shape):
+        if d > I32_MAX:
+            raise VerifyException(f"{what} {name} dim {d} is larger than {I32_MAX}")
     return shape[0], shape[1], shape[2], shape[3]
 
 

@@ -1383,3 +1383,14 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
   // expected-error @above {{'attn.rope' op theta and factor give rotation frequencies beyond the f32 range}}
   func.return
 }
+
+// -----
+
+// a static dim beyond i32 (lower-backward failed unlocated on an i32 constant)
+func.func @f(%q: tensor<?x4294967296x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x4294967296x?x64xf16>
+  // expected-error @above {{rope input heads dim 4294967296 is larger than 2147483647}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads dim 4294967296 is larger than 2147483647
