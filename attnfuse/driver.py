@@ -419,7 +419,10 @@ class AttnfuseOptMain(xDSLOptMain):
             raise DiagnosticException("input nests too deeply") from None
         except PassCrashError as e:
             if isinstance(e.cause, RecursionError):
-                msg = f"pass '{e.pass_name}' failed: input nests too deeply"
+                msg = (
+                    f"pass '{e.pass_name}' failed: recursion too deep "
+                    "(input nests too deeply?)"
+                )
                 raise DiagnosticException(msg) from None
             raise
         if timing is not None:

@@ -402,3 +402,30 @@ def test_crashing_chunk_does_not_stop_the_others(
     code, _, err = run([*args, "-p", "test-crash"], capsys)
     assert code == EXIT_INTERNAL and err.count("pass 'test-crash' crashed") == 2
     assert f"{path}:8:8: error: 'arith.addi' op" in err
+
+
+def test_recursion_in_a_pass_is_not_an_internal_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import dataclass
+
+    from xdsl.passes import ModulePass
+
+    from attnfuse.pass_manager import register_pass
+
+    @dataclass(frozen=True)
+    class RecursePass(ModulePass):
+        name = "test-recurse"
+
+        def apply(self, ctx: object, op: object) -> None:
+            def down(n: int) -> int:
+                return down(n + 1) + 1
+
+            down(0)
+
+    register_pass(RecursePass)
+    code, _, err = run([write(tmp_path, GOOD), "-p", "test-recurse"], capsys)
+    assert code == EXIT_ERROR
+    assert err.endswith(
+        "error: pass 'test-recurse' failed: recursion too deep (input nests too deeply?)\n"
+    )
