@@ -45,6 +45,11 @@ F32_MAX = 3.4028234663852886e38
 """The largest finite f32: float options become f32 constants in the kernels."""
 I32_MAX = 2**31 - 1
 """The largest static dim: kernels compute sizes and indices in i32."""
+MAX_HEADS = 65535
+"""The most heads: CUDA's limit on the grid's y axis, where kernels put batch x heads."""
+MAX_HEAD_DIM = 1 << 16
+"""The largest head dim: kernels hold [rows >= 16, head_dim] tiles, and Triton caps a
+block at 2^20 elements."""
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
 
@@ -150,6 +155,16 @@ def qkv_shape(value_type: Attribute, what: str) -> tuple[int, int, int, int]:
     for name, d in zip(("batch", "heads", "seq", "head_dim"), shape):
         if d > I32_MAX:
             raise VerifyException(f"{what} {name} dim {d} is larger than {I32_MAX}")
+    if shape[1] > MAX_HEADS:
+        raise VerifyException(
+            f"{what} heads {shape[1]} is more than {MAX_HEADS} (kernels launch batch x "
+            "heads programs on the grid's y axis)"
+        )
+    if shape[3] > MAX_HEAD_DIM:
+        raise VerifyException(
+            f"{what} head_dim {shape[3]} is larger than {MAX_HEAD_DIM} (a 16-row tile "
+            "of it must fit Triton's 2^20-element block)"
+        )
     return shape[0], shape[1], shape[2], shape[3]
 
 

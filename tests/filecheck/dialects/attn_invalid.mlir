@@ -1394,3 +1394,25 @@ func.func @f(%q: tensor<?x4294967296x?x64xf16>) {
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads dim 4294967296 is larger than 2147483647
+
+// -----
+
+// more heads than the grid holds (driver fuzz: per-head tables ran out of memory)
+func.func @f(%q: tensor<?x65536x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x65536x?x64xf16>
+  // expected-error @above {{rope input heads 65536 is more than 65535}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads 65536 is more than 65535 (kernels launch batch x heads programs on the grid's y axis)
+
+// -----
+
+// a head dim no Triton block holds (driver fuzz: rope tables ran out of memory)
+func.func @f(%q: tensor<?x8x?x65538xf16>) {
+  %r = attn.rope %q : tensor<?x8x?x65538xf16>
+  // expected-error @above {{rope input head_dim 65538 is larger than 65536}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input head_dim 65538 is larger than 65536 (a 16-row tile of it must fit Triton's 2^20-element block)
