@@ -52,6 +52,7 @@ from attnfuse.diagnostics import (
 from attnfuse.frontend import AttnFrontend
 from attnfuse.pass_listing import ListPassesAction, help_epilog
 from attnfuse.pass_manager import (
+    PassBrokeIRError,
     PassCrashError,
     PassManager,
     PipelineError,
@@ -370,6 +371,8 @@ class AttnfuseOptMain(xDSLOptMain):
         timing = TimingReport() if self.args.time_passes else None
         try:
             text = self._compile(chunk, file_extension, offset, timing)
+        except PassBrokeIRError as e:  # not the input's fault: a bug in the pass
+            return self._internal_error(e, text=format_exception(e))
         except (ParseError, DiagnosticException) as e:
             if expected is not None:
                 return self._check(
@@ -453,11 +456,15 @@ class AttnfuseOptMain(xDSLOptMain):
         sys.stderr.write(text)
         return EXIT_ERROR
 
-    def _internal_error(self, exc: BaseException, what: str = "internal error") -> int:
-        """Report a bug (not the user's fault); the exit status for it."""
+    def _internal_error(
+        self, exc: BaseException, what: str = "internal error", text: str | None = None
+    ) -> int:
+        """Report a bug (not the user's fault) as ``text`` or ``what: exc``; exit 3."""
         sys.stdout.flush()
-        msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
-        sys.stderr.write(format_diagnostic(msg, filename=self.get_input_name()))
+        if text is None:
+            msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
+            text = format_diagnostic(msg, filename=self.get_input_name())
+        sys.stderr.write(text)
         if os.environ.get("ATTNFUSE_TRACEBACK"):
             traceback.print_exception(exc, file=sys.stderr)
         else:

@@ -176,6 +176,11 @@ def test_pass_failures_and_crashes(
     )
     assert code == EXIT_ERROR
     assert err.startswith(f"{path}:2:8: error: 'arith.addi' op rejected by test-reject")
+    code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-break-ir"], capsys)
+    assert code == EXIT_INTERNAL  # a pass that breaks the IR is a bug, not bad input
+    assert err.startswith(f"{path}:4:3: error: 'func.return' op Expected arguments")
+    assert err.endswith("note: this is a bug in AttnFuse or a plugin; set "
+                        "ATTNFUSE_TRACEBACK=1 for the Python traceback\n")
     code, _, err = run([path, "--pass-plugin", str(PLUGIN), "-p", "test-crash"], capsys)
     assert code == EXIT_INTERNAL
     assert "pass 'test-crash' crashed: RuntimeError: boom" in err
