@@ -42,6 +42,8 @@ def test_designators_give_lines() -> None:
         ("error", "anywhere", None),
     ]
     assert str(found[0].span.get_location()) == "t.mlir:2:12"
+    compact = parse_expectations("a\n// expected-error@-1{{x}}\n", "t.mlir")  # MLIR's spelling
+    assert [(e.severity, e.text, e.line) for e in compact] == [("error", "x", 1)]
     shifted = parse_expectations(SOURCE, "t.mlir", line_offset=10)
     assert [e.line for e in shifted][:3] == [12, 15, 11]
 
