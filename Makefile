@@ -13,7 +13,7 @@ TORCH_PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnfuse-setup-stamp
 
-.PHONY: demo test setup clean-setup
+.PHONY: demo test fuzz-driver setup clean-setup
 
 demo: $(STAMP)
 	$(PY) -m attnfuse.demo
@@ -21,6 +21,10 @@ demo: $(STAMP)
 # pytest exits 5 when no test is collected: that is not a failure.
 test: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi
+
+# A longer driver fuzz run than CI's (tests/test_driver_fuzz.py): 30000 cases, a few minutes.
+fuzz-driver: $(STAMP)
+	ATTNFUSE_DRIVER_FUZZ_CASES=$${ATTNFUSE_DRIVER_FUZZ_CASES:-30000} $(PY) -m pytest -q -s tests/test_driver_fuzz.py
 
 setup: $(STAMP)
 

@@ -3,18 +3,22 @@
 An ``xDSLOptMain`` subclass that knows the attn/tile dialects, the ``.attn`` frontend,
 AttnFuse's passes and the ``triton`` target. Pipelines run through
 :class:`attnfuse.pass_manager.PassManager` (prerequisite checks, verification after
-every pass, timing, IR dumps). Every error is printed as an MLIR-style diagnostic
-(``file:line:col: error: reason``); the driver never shows a Python traceback unless
-``ATTNFUSE_TRACEBACK=1``.
+every pass, timing, IR dumps). Every error on user input is an MLIR-style diagnostic
+(``file:line:col: error: reason``) or a one-line ``attnfuse-opt: error: reason``; the
+driver never shows a Python traceback unless ``ATTNFUSE_TRACEBACK=1``.
+``--verify-diagnostics`` checks diagnostics against ``// expected-*`` annotations
+(:mod:`attnfuse.diagnostic_verifier`).
 
-Exit codes: 0 success (also for diagnostics printed under ``--verify-diagnostics``),
-1 invalid input or pipeline, 2 command-line usage error, 3 internal compiler error.
+Exit codes: 0 success, 1 invalid input or pipeline (or a diagnostic mismatch under
+``--verify-diagnostics``), 2 command-line usage error, 3 internal compiler error.
 See docs/driver.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import inspect
 import os
 import sys
 import time
@@ -22,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from io import BytesIO
-from typing import IO, Any, NoReturn
+from typing import IO, NoReturn
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
@@ -31,6 +35,13 @@ from xdsl.utils.arg_spec import parse_spec
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from attnfuse.diagnostic_verifier import (
+    Diagnostic,
+    Expectation,
+    check_diagnostics,
+    collect_diagnostics,
+    parse_expectations,
+)
 from attnfuse.diagnostics import (
     describe_spec_error,
     format_diagnostic,
@@ -39,18 +50,18 @@ from attnfuse.diagnostics import (
     verify_module,
 )
 from attnfuse.frontend import AttnFrontend
+from attnfuse.pass_listing import ListPassesAction, help_epilog
 from attnfuse.pass_manager import (
+    PassBrokeIRError,
     PassCrashError,
     PassManager,
     PipelineError,
     TimingReport,
     available_passes,
     load_pass_plugin,
-    pass_summary,
 )
 from attnfuse.passes import (
     DEFAULT_PIPELINE,
-    PASSES,
     PassPluginError,
     PassUnavailableError,
 )
@@ -172,38 +183,13 @@ class AttnfuseOptMain(xDSLOptMain):
         )
         arg_parser.add_argument(
             "--list-passes",
-            action=_ListPassesAction,
-            driver=self,
+            action=ListPassesAction,
+            passes=self.available_passes,
             help="list every available pass (AttnFuse, plugins and xDSL) and exit",
         )
         if self._want_help:  # imports pass modules for their docstrings: help only
             arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-            arg_parser.epilog = self._passes_epilog()
-
-    def _passes_epilog(self) -> str:
-        ours = [n for n in PASSES if n in self.available_passes]
-        xdsl = _xdsl_pass_names()
-        extra = sorted(
-            n for n in self.available_passes if n not in PASSES and n not in xdsl
-        )
-        width = max((len(n) for n in [*ours, *extra]), default=10) + 2
-        lines = ["AttnFuse passes:"]
-        lines += [
-            f"  {n:<{width}}{pass_summary(self.available_passes[n])}" for n in ours
-        ]
-        if extra:
-            lines += ["", "Plugin and user passes:"]
-            for n in extra:
-                lines.append(f"  {n:<{width}}{pass_summary(self.available_passes[n])}")
-        lines += [
-            "",
-            f"Default pipeline for -t triton: {DEFAULT_PIPELINE}",
-            f"xDSL's {len(xdsl)} generic passes (canonicalize, cse, dce, ...) also work "
-            "in -p; --list-passes shows them all.",
-            "Docs: docs/driver.md (flags, pipeline syntax, diagnostics), "
-            "docs/extending.md (writing passes).",
-        ]
-        return "\n".join(lines)
+            arg_parser.epilog = help_epilog(self.available_passes)
 
     # -------------------------------------------------------------------- pipeline
 
@@ -226,6 +212,24 @@ class AttnfuseOptMain(xDSLOptMain):
         except (PipelineError, PassUnavailableError) as e:
             _fatal(str(e))
         self.pipeline = PassPipeline(self.pass_manager.passes)
+        self._check_target_options()
+
+    def _check_target_options(self) -> None:
+        """Reject bad ``-t``/``-f`` options now, not after the pipeline has run."""
+        checks = [(self.args.target, self.available_targets, "-t")]
+        if self.args.frontend:
+            checks.append((self.args.frontend, self.available_frontends, "-f"))
+        for text, registry, flag in checks:
+            spec = parse_spec(text)
+            factory = registry[spec.name]
+            if inspect.signature(factory).parameters:
+                continue  # a legacy target function: no options
+            try:
+                factory().from_spec(spec)
+            except (ImportError, PassUnavailableError):
+                continue  # reported when the target is used
+            except (ValueError, TypeError) as e:
+                _fatal(f"invalid options for {flag} '{spec.name}': {e}", EXIT_USAGE)
 
     def _dump_ir(self, pass_: ModulePass, module: ModuleOp) -> None:
         sys.stdout.flush()
@@ -241,38 +245,49 @@ class AttnfuseOptMain(xDSLOptMain):
 
     # ----------------------------------------------------------------------- input
 
-    def get_input_name(self) -> str:
-        return self.args.input_file or "<stdin>"
+    def _reads_stdin(self) -> bool:
+        return self.args.input_file in (None, "-")  # `-` is stdin, as in mlir-opt
 
-    def prepare_input(self) -> tuple[list[tuple[IO[bytes], int]], str]:
-        """Open the input and, with ``--split-input-file``, split it into chunks.
+    def get_input_name(self) -> str:
+        return "<stdin>" if self._reads_stdin() else self.args.input_file
+
+    def get_input_stream(self) -> tuple[IO[bytes], str]:
+        if not self._reads_stdin():
+            return super().get_input_stream()
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise OSError(errno.EBADF, "standard input is closed")
+        return sys.stdin.buffer, "mlir"
+
+    def prepare_input(self) -> tuple[list[tuple[BytesIO, int]], str]:
+        """Read the input and, with ``--split-input-file``, split it into chunks.
 
         Unlike xDSL (which splits on ``// -----`` anywhere, even inside a comment),
         only a line that is exactly ``// -----`` separates chunks, as in mlir-opt.
-        Each chunk comes with the number of lines before it in the file.
+        Each chunk comes with the number of lines before it in the file. The whole
+        input is read here, so read errors are reported before anything runs.
         """
         stream, ext = self.get_input_stream()
         if self.args.frontend and ext not in self.available_frontends:
             # xDSL rejects unknown extensions even when -f names a frontend; we don't.
             ext = parse_spec(self.args.frontend).name
-        if ext not in self.available_frontends:
-            stream.close()
-            raise ValueError(f"unrecognized file extension '{ext}'")
-        if not self.args.split_input_file:
-            return [(stream, 0)], ext
         try:
-            lines = stream.read().splitlines(keepends=True)
+            if ext not in self.available_frontends:
+                raise ValueError(f"unrecognized file extension '{ext}'")
+            data = stream.read()
         finally:
-            stream.close()
-        chunks: list[tuple[IO[bytes], int]] = []
+            if not self._reads_stdin():
+                stream.close()
+        if not self.args.split_input_file:
+            return [(BytesIO(data), 0)], ext
+        chunks: list[tuple[BytesIO, int]] = []
         start, current = 0, list[bytes]()
-        for index, line in enumerate(lines):
+        for index, line in enumerate(data.split(b"\n")):  # lines as the lexer counts
             if line.strip() == SPLIT_MARKER:
-                chunks.append((BytesIO(b"".join(current)), start))
+                chunks.append((BytesIO(b"\n".join(current)), start))
                 start, current = index + 1, []
             else:
                 current.append(line)
-        chunks.append((BytesIO(b"".join(current)), start))
+        chunks.append((BytesIO(b"\n".join(current)), start))
         return chunks, ext
 
     def parse_chunk(
@@ -299,21 +314,21 @@ class AttnfuseOptMain(xDSLOptMain):
     def run(self) -> None:
         """Process the input; exit non-zero on errors, never with a traceback."""
         try:
-            failed = self._run()
+            status = self._run()
         except SystemExit:
             raise
         except KeyboardInterrupt:
             _fatal("interrupted", 130)
         except BrokenPipeError:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            _discard_stdout()
             raise SystemExit(EXIT_ERROR) from None
         except Exception as e:  # a bug: report it as such, not as a traceback
-            self._internal_error(e)
-        if failed:
-            raise SystemExit(EXIT_ERROR)
+            status = self._internal_error(e)
+        if status:
+            raise SystemExit(status)
 
-    def _run(self) -> bool:
+    def _run(self) -> int:
+        """Process every chunk (even after one fails); the worst exit status."""
         try:
             chunks, file_extension = self.prepare_input()
         except OSError as e:
@@ -325,31 +340,76 @@ class AttnfuseOptMain(xDSLOptMain):
             output = self.prepare_output()
         except OSError as e:
             _fatal(f"cannot write '{self.args.output_file}': {e.strerror or e}")
-        failed = False
+        status = 0
         try:
             for i, (chunk, offset) in enumerate(chunks):
                 if i > 0:
                     output.write("// -----\n")
-                try:
-                    failed |= not self._process(chunk, file_extension, offset, output)
-                finally:
-                    chunk.close()
+                status = max(status, self._process(chunk, file_extension, offset, output))
                 output.flush()
-        finally:
             if output is not sys.stdout:
                 output.close()
-        return failed
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # e.g. -o /dev/full: No space left on device
+            name = self.args.output_file or "<stdout>"
+            _discard_output(output)
+            _fatal(f"cannot write '{name}': {e.strerror or e}")
+        return status
 
     def _process(
-        self, chunk: IO[bytes], file_extension: str, offset: int, output: IO[str]
-    ) -> bool:
-        """Parse, verify, transform and emit one chunk; False if it had errors."""
+        self, chunk: BytesIO, file_extension: str, offset: int, output: IO[str]
+    ) -> int:
+        """Parse, verify, transform and emit one chunk; its exit status."""
+        expected = None
+        if self.args.verify_diagnostics:
+            name = self.get_input_name()
+            try:
+                expected = parse_expectations(chunk.getvalue(), name, offset)
+            except ParseError as e:
+                return self._report(format_exception(e))
         timing = TimingReport() if self.args.time_passes else None
         try:
-            start = time.perf_counter()
+            text = self._compile(chunk, file_extension, offset, timing)
+        except PassBrokeIRError as e:  # not the input's fault: a bug in the pass
+            return self._internal_error(e, text=format_exception(e))
+        except (ParseError, DiagnosticException) as e:
+            if expected is not None:
+                return self._check(
+                    expected, collect_diagnostics(e, self.get_input_name())
+                )
+            quiet = self.args.parsing_diagnostics and isinstance(e, ParseError)
+            if quiet:
+                sys.stdout.write(format_exception(e, self.get_input_name()))
+                return 0
+            return self._report(format_exception(e, self.get_input_name()))
+        except PassCrashError as e:
+            return self._internal_error(e.cause, f"pass '{e.pass_name}' crashed")
+        except _TargetCrash as e:
+            return self._internal_error(e.cause, f"target '{e.target}' crashed")
+        except Exception as e:
+            return self._internal_error(e)
+        finally:
+            chunk.close()
+            if timing is not None and timing.rows:
+                sys.stdout.flush()
+                sys.stderr.write(timing.format())
+        output.write(text)
+        return 0 if expected is None else self._check(expected, [])
+
+    def _compile(
+        self,
+        chunk: IO[bytes],
+        file_extension: str,
+        offset: int,
+        timing: TimingReport | None,
+    ) -> str:
+        """One chunk's output text; raises its diagnostics."""
+        start = time.perf_counter()
+        try:
             module = self.parse_chunk(chunk, file_extension, offset)
             if module is None:
-                return True
+                return ""
             if not self.args.disable_verify:
                 verify_module(module)
             if timing is not None:
@@ -358,26 +418,19 @@ class AttnfuseOptMain(xDSLOptMain):
             self.apply_passes(module)
             start = time.perf_counter()
             text = self._emit(module)
-            if timing is not None:
-                timing.add("(output)", time.perf_counter() - start)
-            output.write(text)
-            return True
-        except ParseError as e:
-            quiet = self.args.parsing_diagnostics or self.args.verify_diagnostics
-            return self._report(
-                format_exception(e, self.get_input_name()), expected=quiet
-            )
-        except DiagnosticException as e:
-            return self._report(
-                format_exception(e, self.get_input_name()),
-                expected=self.args.verify_diagnostics,
-            )
+        except RecursionError:
+            raise DiagnosticException("input nests too deeply") from None
         except PassCrashError as e:
-            self._internal_error(e.cause, f"pass '{e.pass_name}' crashed")
-        finally:
-            if timing is not None and timing.rows:
-                sys.stdout.flush()
-                sys.stderr.write(timing.format())
+            if isinstance(e.cause, RecursionError):
+                msg = (
+                    f"pass '{e.pass_name}' failed: recursion too deep "
+                    "(input nests too deeply?)"
+                )
+                raise DiagnosticException(msg) from None
+            raise
+        if timing is not None:
+            timing.add("(output)", time.perf_counter() - start)
+        return text
 
     def _emit(self, module: ModuleOp) -> str:
         try:
@@ -385,28 +438,33 @@ class AttnfuseOptMain(xDSLOptMain):
         except (ImportError, PassUnavailableError) as e:
             name = parse_spec(self.args.target).name
             raise DiagnosticException(f"target '{name}' is unavailable: {e}") from e
-        except DiagnosticException:
+        except (DiagnosticException, RecursionError):
             raise
         except Exception as e:
-            self._internal_error(
-                e, f"target '{parse_spec(self.args.target).name}' crashed"
-            )
+            raise _TargetCrash(parse_spec(self.args.target).name, e) from e
 
-    def _report(self, text: str, *, expected: bool) -> bool:
-        """Print a diagnostic: to stdout if expected (--verify-diagnostics)."""
-        if expected:
-            sys.stdout.write(text)
-            return True
+    def _check(self, expected: list[Expectation], emitted: list[Diagnostic]) -> int:
+        """Compare diagnostics with annotations; report mismatches (status 1)."""
+        failures = check_diagnostics(expected, emitted)
+        for failure in failures:
+            self._report(failure.format())
+        return EXIT_ERROR if failures else 0
+
+    def _report(self, text: str) -> int:
+        """Print a diagnostic to stderr; the exit status of a user error."""
         sys.stdout.flush()
         sys.stderr.write(text)
-        return False
+        return EXIT_ERROR
 
     def _internal_error(
-        self, exc: BaseException, what: str = "internal error"
-    ) -> NoReturn:
+        self, exc: BaseException, what: str = "internal error", text: str | None = None
+    ) -> int:
+        """Report a bug (not the user's fault) as ``text`` or ``what: exc``; exit 3."""
         sys.stdout.flush()
-        msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
-        sys.stderr.write(format_diagnostic(msg, filename=self.get_input_name()))
+        if text is None:
+            msg = f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")
+            text = format_diagnostic(msg, filename=self.get_input_name())
+        sys.stderr.write(text)
         if os.environ.get("ATTNFUSE_TRACEBACK"):
             traceback.print_exception(exc, file=sys.stderr)
         else:
@@ -414,55 +472,57 @@ class AttnfuseOptMain(xDSLOptMain):
                 "note: this is a bug in AttnFuse or a plugin; "
                 "set ATTNFUSE_TRACEBACK=1 for the Python traceback\n"
             )
-        raise SystemExit(EXIT_INTERNAL)
+        return EXIT_INTERNAL
 
 
-def _xdsl_pass_names() -> set[str]:
-    from xdsl.transforms import get_all_passes
+class _TargetCrash(Exception):
+    """A target raised an unexpected exception (a compiler bug)."""
 
-    return set(get_all_passes())
+    def __init__(self, target: str, cause: BaseException) -> None:
+        super().__init__(target)
+        self.target = target
+        self.cause = cause
 
 
-class _ListPassesAction(argparse.Action):
-    """``--list-passes``: print every pass with its one-line summary, then exit."""
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a real file (e.g. captured by pytest)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
-    def __init__(self, *args: Any, driver: AttnfuseOptMain, **kwargs: Any) -> None:
-        super().__init__(*args, nargs=0, **kwargs)
-        self.driver = driver
 
-    def __call__(
-        self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any
-    ) -> None:
-        passes = self.driver.available_passes
-        xdsl = _xdsl_pass_names()
-        groups = {
-            "AttnFuse": [n for n in PASSES if n in passes],
-            "Plugin and user": sorted(
-                n for n in passes if n not in PASSES and n not in xdsl
-            ),
-            "xDSL": sorted(n for n in passes if n in xdsl and n not in PASSES),
-        }
-        width = max(len(n) for n in passes) + 2
-        for title, names in groups.items():
-            if names:
-                print(f"{title} passes:")
-                for n in names:
-                    print(f"  {n:<{width}}{pass_summary(passes[n])}".rstrip())
-        parser.exit()
+def _discard_output(output: IO[str]) -> None:
+    """Drop what could not be written to ``output``."""
+    if output is sys.stdout:
+        _discard_stdout()
+        return
+    try:
+        output.close()
+    except OSError:
+        pass  # the buffered text is lost: that is the error being reported
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point (``attnfuse-opt``)."""
     try:
-        AttnfuseOptMain(args=argv).run()
+        try:
+            AttnfuseOptMain(args=argv).run()
+        finally:
+            sys.stdout.flush()  # report a full disk here, not at interpreter exit
     except SystemExit:
         raise
     except KeyboardInterrupt:
         _fatal("interrupted", 130)
     except BrokenPipeError:  # e.g. `attnfuse-opt --list-passes | head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _discard_stdout()
         raise SystemExit(EXIT_ERROR) from None
+    except OSError as e:  # e.g. `attnfuse-opt --help > /dev/full`
+        _discard_stdout()
+        _fatal(f"cannot write '<stdout>': {e.strerror or e}")
     except BaseException as e:  # last resort: never a bare traceback
         sys.stderr.write(format_diagnostic(f"internal error: {type(e).__name__}: {e}"))
         if os.environ.get("ATTNFUSE_TRACEBACK"):

@@ -33,6 +33,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from attnfuse.diagnostics import (
     LocatedError,
     SourceLocations,
+    VerificationError,
     describe_spec_error,
     locations_of,
     verify_module,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "MissingPrerequisiteError",
+    "PassBrokeIRError",
     "PassCrashError",
     "PassDependencyCycleError",
     "PassFailedError",
@@ -109,6 +111,14 @@ class PassFailedError(DiagnosticException):
         super().__init__(f"pass '{pass_name}' failed: {reason}")
         self.pass_name = pass_name
         self.cause = cause
+
+
+class PassBrokeIRError(VerificationError):
+    """A pass left IR that does not verify behind: a bug in the pass, not the input."""
+
+    def __init__(self, pass_name: str, error: VerificationError) -> None:
+        super().__init__(error.diagnostic, error.op)
+        self.pass_name = pass_name
 
 
 class PassCrashError(RuntimeError):
@@ -428,7 +438,10 @@ class PassManager:
                     self._apply(p, module, ctx)
                     if self.verify_each:
                         note = f"the IR is invalid after pass '{p.name}'"
-                        self._verify(module, locations, note)
+                        try:
+                            self._verify(module, locations, note)
+                        except VerificationError as e:
+                            raise PassBrokeIRError(p.name, e) from e
                     if self.print_ir_after is not None:
                         self.print_ir_after(p, module)
         finally:

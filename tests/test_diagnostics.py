@@ -162,3 +162,93 @@ def test_errors_raised_while_parsing_are_located(
         parse_module_with_locations(make_context(), text, "p.mlir")
     first = format_exception(info.value).splitlines()[0]
     assert first.startswith(f"{where}: error: {message}")
+
+
+# ------------------------------------------------------------------------ dominance
+
+USE_BEFORE_DEF = """\
+func.func @f(%q: tensor<?x8x?x64xf32>, %k: tensor<?x8x?x64xf32>, %v: tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32> {
+  %s = attn.scores %q, %k : tensor<?x8x?x64xf32>, tensor<?x8x?x64xf32> -> !attn.scores<?x8x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf32> -> tensor<?x8x?x64xf32>
+  %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
+  func.return %o : tensor<?x8x?x64xf32>
+}
+"""
+
+ACROSS_REGIONS = """\
+func.func @f(%a: i32) -> i32 {
+  %early = arith.addi %a, %a : i32
+  %r = "scf.execute_region"() ({
+    %c = arith.addi %early, %late : i32
+    scf.yield %c : i32
+  }) : () -> i32
+  %late = arith.addi %a, %a : i32
+  func.return %r : i32
+}
+"""
+
+BRANCHES = """\
+func.func @g(%c: i1, %a: i32) -> i32 {
+  cf.cond_br %c, ^bb1, ^bb2
+^bb1:
+  %x = arith.addi %a, %a : i32
+  cf.br ^bb3
+^bb2:
+  cf.br ^bb3
+^bb3:
+  %y = arith.addi %USE, %a : i32
+  func.return %y : i32
+}
+"""
+
+
+def _verify(text: str) -> None:
+    from xdsl.dialects.cf import Cf
+
+    ctx = make_context()
+    ctx.load_dialect(Cf)
+    module, _ = parse_module_with_locations(ctx, text, "d.mlir")
+    verify_module(module)
+
+
+def test_use_before_def_in_a_block() -> None:
+    with pytest.raises(VerificationError) as info:
+        _verify(USE_BEFORE_DEF)
+    lines = str(info.value).splitlines()
+    assert lines[0] == (
+        "d.mlir:3:8: error: 'attn.weighted_sum' op operand #0 (%p) does not dominate "
+        "this use"
+    )
+    assert lines[-1] == "note: operand defined here (d.mlir:4:8)"
+
+
+def test_use_before_def_across_regions() -> None:
+    with pytest.raises(VerificationError) as info:
+        _verify(ACROSS_REGIONS)
+    assert str(info.value).startswith(
+        "d.mlir:4:10: error: 'arith.addi' op operand #1 (%late) does not dominate"
+    )
+    _verify(ACROSS_REGIONS.replace("%late : i32\n    scf", "%a : i32\n    scf"))
+
+
+def test_dominance_across_blocks() -> None:
+    with pytest.raises(VerificationError, match=r"d.mlir:9:8: .*operand #0 \(%x\)"):
+        _verify(BRANCHES.replace("%USE", "%x"))
+    _verify(BRANCHES.replace("%USE", "%a"))  # a function argument dominates all
+    moved = BRANCHES.replace("  cf.br ^bb3\n^bb2:", "  %z = arith.addi %x, %a : i32\n  cf.br ^bb3\n^bb2:")
+    _verify(moved.replace("%USE", "%a"))  # same block, after the definition
+    entry = "  %e = arith.addi %a, %a : i32\n  cf.cond_br"
+    unreachable = BRANCHES.replace("  cf.cond_br", entry).replace(
+        "^bb3:\n", "^bb4:\n  cf.br ^bb3\n^bb3:\n"
+    )
+    _verify(unreachable.replace("%USE", "%e"))  # an unreachable jump into ^bb3
+
+
+def test_reference_rejects_use_before_def_instead_of_a_key_error() -> None:
+    import torch
+
+    from attnfuse import reference
+
+    q = torch.zeros(1, 8, 4, 64)
+    with pytest.raises(VerificationError, match="does not dominate"):
+        reference.run(USE_BEFORE_DEF, q, q, q)

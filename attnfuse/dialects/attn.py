@@ -56,6 +56,7 @@ from attnfuse.dialects.attn_online import OnlineSoftmaxOp
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import (
     DYNAMIC,
+    F32_MAX,
     Option,
     ProbsType,
     ScoresType,
@@ -168,6 +169,15 @@ class RopeOp(AttnSyntaxOp):
         width = self.option("rotary_dim")
         return self.head_dim() if width is None else int(width)
 
+    def max_log10_frequency(self) -> float:
+        """log10 of a bound on the inverse frequencies, theta^(-2i/w) / factor (the
+        kernels keep them in f32)."""
+        width = self.rotary_width()
+        bound = max(0.0, -(width - 2) / width * math.log10(self.float_option("theta")))
+        if self.str_option("scaling") != "none":
+            bound += max(0.0, -math.log10(self.float_option("factor")))
+        return bound
+
     def verify_(self) -> None:
         d = qkv_shape(self.input.type, "rope input")[3]
         _check_same_type(self, self.input.type, self.output.type, "result")
@@ -180,6 +190,11 @@ class RopeOp(AttnSyntaxOp):
             raise VerifyException("attn.rope: theta must be positive")
         if self.float_option("factor") <= 0:
             raise VerifyException("attn.rope: factor must be positive")
+        if self.max_log10_frequency() > math.log10(F32_MAX):
+            raise VerifyException(
+                "attn.rope: theta and factor give rotation frequencies beyond the f32 "
+                "range (theta^(-2i/rotary_dim) / factor > 3.4e38)"
+            )
         if self.str_option("scaling") == "llama3" and not (
             self.float_option("high_freq_factor") > self.float_option("low_freq_factor") > 0
         ):

@@ -26,7 +26,7 @@ from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn_types import Option, option_value, parse_options, print_options
+from attnfuse.dialects.attn_types import F32_MAX, Option, option_value, parse_options, print_options
 
 
 class AttnSyntaxOp(IRDLOperation):
@@ -94,6 +94,11 @@ class AttnSyntaxOp(IRDLOperation):
                 )
             if isinstance(attr, FloatAttr) and not math.isfinite(attr.value.data):
                 raise VerifyException(f"{self.name}: option '{opt.name}' must be finite")
+            if isinstance(attr, FloatAttr) and abs(attr.value.data) > F32_MAX:
+                raise VerifyException(
+                    f"{self.name}: option '{opt.name}' is out of the f32 range "
+                    f"(|x| <= {F32_MAX:.7g})"
+                )
 
     def verify(self, verify_nested_ops: bool = True) -> None:
         self.verify_options()

@@ -41,6 +41,15 @@ from xdsl.utils.exceptions import VerifyException
 
 DYNAMIC = DYNAMIC_INDEX
 """Marker of a dynamic (`?`) dimension: xDSL's own (`TensorType.get_shape()` gives it for `?`)."""
+F32_MAX = 3.4028234663852886e38
+"""The largest finite f32: float options become f32 constants in the kernels."""
+I32_MAX = 2**31 - 1
+"""The largest static dim: kernels compute sizes and indices in i32."""
+MAX_HEADS = 65535
+"""The most heads: CUDA's limit on the grid's y axis, where kernels put batch x heads."""
+MAX_HEAD_DIM = 1 << 16
+"""The largest head dim: kernels hold [rows >= 16, head_dim] tiles, and Triton caps a
+block at 2^20 elements."""
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type)
 
@@ -143,6 +152,19 @@ def qkv_shape(value_type: Attribute, what: str) -> tuple[int, int, int, int]:
             raise VerifyException(f"{what} {name} dim must be static")
         if d < 1:
             raise VerifyException(f"{what} {name} dim must be positive, got {d}")
+    for name, d in zip(("batch", "heads", "seq", "head_dim"), shape):
+        if d > I32_MAX:
+            raise VerifyException(f"{what} {name} dim {d} is larger than {I32_MAX}")
+    if shape[1] > MAX_HEADS:
+        raise VerifyException(
+            f"{what} heads {shape[1]} is more than {MAX_HEADS} (kernels launch batch x "
+            "heads programs on the grid's y axis)"
+        )
+    if shape[3] > MAX_HEAD_DIM:
+        raise VerifyException(
+            f"{what} head_dim {shape[3]} is larger than {MAX_HEAD_DIM} (a 16-row tile "
+            "of it must fit Triton's 2^20-element block)"
+        )
     return shape[0], shape[1], shape[2], shape[3]
 
 
@@ -265,6 +287,12 @@ def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> di
             value = -number if negative else number
             if isinstance(value, float) and not math.isfinite(value):
                 parser.raise_error(f"option '{key}' must be finite", value_start, parser.pos)
+            if isinstance(value, float) and abs(value) > F32_MAX:
+                parser.raise_error(
+                    f"option '{key}' is out of the f32 range (|x| <= {F32_MAX:.7g})",
+                    value_start,
+                    parser.pos,
+                )
             if isinstance(value, int) and not -(2**63) <= value < 2**63:
                 parser.raise_error(
                     f"option '{key}' is out of the i64 range", value_start, parser.pos

@@ -1,11 +1,14 @@
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics
+// RUN: not attnfuse-opt %s --split-input-file 2>&1 | filecheck %s
 
 // One case per verifier / parser error of the attn dialect: each chunk has exactly one
-// error, checked with its exact message, the source line and the caret under the
-// reported token (the op name for verifier errors, the offending token for syntax errors).
+// error. The expected-error annotations check the line and message (the first RUN fails
+// on any mismatch); the CHECK lines check the column and the caret under the reported
+// token (the op name for verifier errors, the offending token for syntax errors).
 
 // scores type must be rank 4
 func.func @f(%s: !attn.scores<?x8x?xf32>) {
+// expected-error @above {{attn.scores must be <BxHxSqxSkvxf32> (4 dims, f32)}}
   func.return
 }
 
@@ -17,6 +20,7 @@ func.func @f(%s: !attn.scores<?x8x?xf32>) {
 
 // scores element type must be f32
 func.func @f(%s: !attn.scores<?x8x?x?xf16>) {
+// expected-error @above {{attn.scores must be <BxHxSqxSkvxf32> (4 dims, f32)}}
   func.return
 }
 
@@ -29,6 +33,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf16>) {
 // unknown option
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {base = 10000.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)}}
   func.return
 }
 
@@ -41,6 +46,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // option given twice
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {theta = 10000.0, theta = 500000.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'theta' given twice}}
   func.return
 }
 
@@ -53,6 +59,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // int option given a float
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {rotary_dim = 32.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'rotary_dim' expects an integer, got 32.0}}
   func.return
 }
 
@@ -65,6 +72,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // float option given a string
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {theta = "big"} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'theta' expects a number}}
   func.return
 }
 
@@ -77,6 +85,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // non-finite float option
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {theta = 1.0e999} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'theta' must be finite}}
   func.return
 }
 
@@ -89,6 +98,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // int option out of range
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {offset = 9223372036854775808} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'offset' is out of the i64 range}}
   func.return
 }
 
@@ -101,6 +111,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // bad style choice
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {style = "neox"} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'style' must be one of half, interleaved, got 'neox'}}
   func.return
 }
 
@@ -113,6 +124,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // bad scaling choice
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "ntk"} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'scaling' must be one of none, linear, llama3, yarn, got 'ntk'}}
   func.return
 }
 
@@ -125,6 +137,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // string option given a number
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {placement = 1} : tensor<?x8x?x64xf16>
+  // expected-error @above {{option 'placement' expects a string}}
   func.return
 }
 
@@ -137,6 +150,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // float written without a dot before the exponent
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %n = attn.qk_norm %q {eps = 1e-6} : tensor<?x8x?x64xf16>
+  // expected-error @above {{expected ',' or '}' after option 'eps' (floats are written like 1.0e-05)}}
   func.return
 }
 
@@ -149,6 +163,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // unknown kind
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask chunked %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{unknown attn.mask kind 'chunked' (expected one of causal, sliding_window, document, prefix_lm, custom)}}
   func.return
 }
 
@@ -161,6 +176,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // missing kind
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{expected attn.mask kind: one of causal, sliding_window, document, prefix_lm, custom}}
   func.return
 }
 
@@ -173,6 +189,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // operand type count
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{attn.scores expects 2 operand types, got 1}}
   func.return
 }
 
@@ -186,6 +203,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>, !attn.scores<?x8x?x?xf32>
   func.return
+  // expected-error @above {{attn.scores got too many result types}}
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:3: error: attn.scores got too many result types
@@ -197,6 +215,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 // rope input not a tensor of rank 4
 func.func @f(%q: tensor<?x?x64xf16>) {
   %r = attn.rope %q : tensor<?x?x64xf16>
+  // expected-error @above {{'attn.rope' op rope input must be rank 4 [batch, heads, seq, head_dim], got rank 3}}
   func.return
 }
 
@@ -209,6 +228,7 @@ func.func @f(%q: tensor<?x?x64xf16>) {
 // rope input integer element type
 func.func @f(%q: tensor<?x8x?x64xi32>) {
   %r = attn.rope %q : tensor<?x8x?x64xi32>
+  // expected-error @above {{'attn.rope' op rope input element type must be f16, bf16 or f32, got i32}}
   func.return
 }
 
@@ -221,6 +241,7 @@ func.func @f(%q: tensor<?x8x?x64xi32>) {
 // rope dynamic heads
 func.func @f(%q: tensor<?x?x?x64xf16>) {
   %r = attn.rope %q : tensor<?x?x?x64xf16>
+  // expected-error @above {{'attn.rope' op rope input heads dim must be static}}
   func.return
 }
 
@@ -233,6 +254,7 @@ func.func @f(%q: tensor<?x?x?x64xf16>) {
 // zero key heads
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x0x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x0x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op attn.scores k heads dim must be positive, got 0}}
   func.return
 }
 
@@ -245,6 +267,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x0x?x64xf16>) {
 // rope dynamic head dim
 func.func @f(%q: tensor<?x8x?x?xf16>) {
   %r = attn.rope %q : tensor<?x8x?x?xf16>
+  // expected-error @above {{'attn.rope' op rope input head_dim dim must be static}}
   func.return
 }
 
@@ -257,6 +280,7 @@ func.func @f(%q: tensor<?x8x?x?xf16>) {
 // rotary_dim odd
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {rotary_dim = 33} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op rotary_dim must be even and in [2, 64], got 33}}
   func.return
 }
 
@@ -269,6 +293,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // rotary_dim too big
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {rotary_dim = 128} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op rotary_dim must be even and in [2, 64], got 128}}
   func.return
 }
 
@@ -281,6 +306,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // rotary_dim zero
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {rotary_dim = 0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op rotary_dim must be even and in [2, 64], got 0}}
   func.return
 }
 
@@ -293,6 +319,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // theta not positive
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {theta = 0.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op theta must be positive}}
   func.return
 }
 
@@ -305,6 +332,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // factor not positive
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "linear", factor = -2.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op factor must be positive}}
   func.return
 }
 
@@ -317,6 +345,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // llama3 frequency factors
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "llama3", factor = 8.0, low_freq_factor = 4.0, high_freq_factor = 1.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op llama3 scaling needs high_freq_factor > low_freq_factor > 0}}
   func.return
 }
 
@@ -329,6 +358,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // yarn original_max_position zero
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "yarn", factor = 32.0, original_max_position = 0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op original_max_position must be positive}}
   func.return
 }
 
@@ -341,6 +371,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // yarn beta_fast zero
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "yarn", factor = 32.0, beta_fast = 0.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op yarn scaling needs beta_fast > 0 and beta_slow > 0}}
   func.return
 }
 
@@ -353,6 +384,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // yarn theta 1
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {theta = 1.0, scaling = "yarn", factor = 32.0} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op yarn scaling needs theta > 1}}
   func.return
 }
 
@@ -365,6 +397,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // yarn truncate not 0 or 1
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {scaling = "yarn", factor = 32.0, truncate = 2} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op truncate must be 0 or 1}}
   func.return
 }
 
@@ -377,6 +410,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // positions rank 3
 func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?x?x?xi32>) {
   %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?x?x?xi32>
+  // expected-error @above {{'attn.rope' op positions must be tensor<?xi32> or tensor<?x?xi32>}}
   func.return
 }
 
@@ -389,6 +423,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?x?x?xi32>) {
 // positions float
 func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xf32>) {
   %r = attn.rope %q positions %p : tensor<?x8x?x64xf16>, tensor<?xf32>
+  // expected-error @above {{'attn.rope' op attn.rope positions must be a rank-1 integer tensor, got tensor<?xf32>}}
   func.return
 }
 
@@ -401,6 +436,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xf32>) {
 // positions and offset
 func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xi32>) {
   %r = attn.rope %q positions %p {offset = 5} : tensor<?x8x?x64xf16>, tensor<?xi32>
+  // expected-error @above {{'attn.rope' op give either positions or offset, not both}}
   func.return
 }
 
@@ -413,6 +449,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xi32>) {
 // rope result type differs (generic form)
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = "attn.rope"(%q) : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xbf16>
+  // expected-error @above {{'attn.rope' op result must have type tensor<?x8x?x64xf16>, got tensor<?x8x?x64xbf16>}}
   func.return
 }
 
@@ -425,6 +462,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // qk_norm weight length
 func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<128xf32>) {
   %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<128xf32>
+  // expected-error @above {{'attn.qk_norm' op attn.qk_norm weight must have 64 elements, got 128}}
   func.return
 }
 
@@ -437,6 +475,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<128xf32>) {
 // qk_norm weight rank
 func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<8x64xf32>) {
   %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<8x64xf32>
+  // expected-error @above {{'attn.qk_norm' op attn.qk_norm weight must be a rank-1 tensor<64xf32>, got tensor<8x64xf32>}}
   func.return
 }
 
@@ -449,6 +488,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<8x64xf32>) {
 // qk_norm weight integer
 func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<64xi32>) {
   %n = attn.qk_norm %q weight %w : tensor<?x8x?x64xf16>, tensor<64xi32>
+  // expected-error @above {{'attn.qk_norm' op attn.qk_norm weight must have a float element type}}
   func.return
 }
 
@@ -461,6 +501,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %w: tensor<64xi32>) {
 // qk_norm eps negative
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %n = attn.qk_norm %q {eps = -1.0e-06} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.qk_norm' op eps must be >= 0}}
   func.return
 }
 
@@ -473,6 +514,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // Hq % Hkv
 func.func @f(%q: tensor<?x12x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x12x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x12x?x?xf32>
+  // expected-error @above {{'attn.scores' op query heads (12) must be a multiple of key heads (8)}}
   func.return
 }
 
@@ -485,6 +527,7 @@ func.func @f(%q: tensor<?x12x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 // head dims mismatch
 func.func @f(%q: tensor<?x8x?x128xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x128xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op q head_dim 128 != k head_dim 64}}
   func.return
 }
 
@@ -497,6 +540,7 @@ func.func @f(%q: tensor<?x8x?x128xf16>, %k: tensor<?x8x?x64xf16>) {
 // q/k element types differ
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xbf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xbf16> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op q and k must have the same element type}}
   func.return
 }
 
@@ -509,6 +553,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xbf16>) {
 // batch dims differ
 func.func @f(%q: tensor<2x8x?x64xf16>, %k: tensor<3x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<2x8x?x64xf16>, tensor<3x8x?x64xf16> -> !attn.scores<2x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op batch dims differ (2 vs 3)}}
   func.return
 }
 
@@ -521,6 +566,7 @@ func.func @f(%q: tensor<2x8x?x64xf16>, %k: tensor<3x8x?x64xf16>) {
 // scores result heads
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x4x?x?xf32>
+  // expected-error @above {{'attn.scores' op result heads dim 4 != 8}}
   func.return
 }
 
@@ -533,6 +579,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 // scores result kv_len
 func.func @f(%q: tensor<?x8x16x64xf16>, %k: tensor<?x8x24x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x16x64xf16>, tensor<?x8x24x64xf16> -> !attn.scores<?x8x16x16xf32>
+  // expected-error @above {{'attn.scores' op result kv_len dim 16 != 24}}
   func.return
 }
 
@@ -545,6 +592,7 @@ func.func @f(%q: tensor<?x8x16x64xf16>, %k: tensor<?x8x24x64xf16>) {
 // scores result is a tensor
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> tensor<?x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op result 'output' at position 0 does not verify: tensor<?x8x?x?xf32> should be of base attribute attn.scores}}
   func.return
 }
 
@@ -557,6 +605,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 // scale not positive
 func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
   %s = attn.scores %q, %k {scale = -0.125} : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.scores' op scale must be positive}}
   func.return
 }
 
@@ -569,6 +618,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>) {
 // alibi with a tensor
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x8x?x?xf32>) {
   %r = attn.bias alibi %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x8x?x?xf32>
+  // expected-error @above {{'attn.bias' op attn.bias alibi takes no bias tensor}}
   func.return
 }
 
@@ -581,6 +631,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x8x?x?xf32>) {
 // alibi slopes length
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sl: tensor<16xf32>) {
   %r = attn.bias alibi %s slopes %sl : !attn.scores<?x8x?x?xf32>, tensor<16xf32>
+  // expected-error @above {{'attn.bias' op attn.bias slopes must have 8 elements, got 16}}
   func.return
 }
 
@@ -593,6 +644,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sl: tensor<16xf32>) {
 // bias tensor without tensor
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %r = attn.bias tensor %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.bias' op attn.bias tensor takes exactly one bias tensor operand}}
   func.return
 }
 
@@ -605,6 +657,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // bias tensor rank
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<?x?xf32>) {
   %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<?x?xf32>
+  // expected-error @above {{'attn.bias' op bias must be a rank-4 tensor broadcast over [B, H, Sq, Skv], got tensor<?x?xf32>}}
   func.return
 }
 
@@ -617,6 +670,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<?x?xf32>) {
 // bias tensor head dim not broadcastable
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x4x?x?xf32>) {
   %r = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x4x?x?xf32>
+  // expected-error @above {{'attn.bias' op bias heads dim must be 1 or 8, got 4}}
   func.return
 }
 
@@ -629,6 +683,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %b: tensor<1x4x?x?xf32>) {
 // bias kind missing (generic form)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %r = "attn.bias"(%s) <{operandSegmentSizes = array<i32: 1, 0, 0>}> : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.bias' op kind must be given (alibi or tensor)}}
   func.return
 }
 
@@ -641,6 +696,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softcap without cap
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %c = attn.softcap %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.softcap' op option cap must be given and positive}}
   func.return
 }
 
@@ -653,6 +709,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softcap cap zero
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %c = attn.softcap %s {cap = 0.0} : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.softcap' op option cap must be given and positive}}
   func.return
 }
 
@@ -665,6 +722,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // mask applied to a tensor instead of scores
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %m = attn.mask causal %q : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.mask' op operand 'input' at position 0 does not verify: tensor<?x8x?x64xf16> should be of base attribute attn.scores}}
   func.return
 }
 
@@ -677,6 +735,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // mask kind option mismatch (causal + left)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask causal %s {left = 128} : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask causal does not take option(s) left}}
   func.return
 }
 
@@ -689,6 +748,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // mask kind option mismatch (document + align)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
   %m = attn.mask document %s, %ids {align = "bottom_right"} : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask document does not take option(s) align}}
   func.return
 }
 
@@ -701,6 +761,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
 // bad align choice
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask causal %s {align = "center"} : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{option 'align' must be one of top_left, bottom_right, got 'center'}}
   func.return
 }
 
@@ -713,6 +774,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // causal with an operand
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
   %m = attn.mask causal %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask causal takes no operands}}
   func.return
 }
 
@@ -725,6 +787,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?x?xi32>) {
 // sliding_window without bounds
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask sliding_window %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask sliding_window needs left and/or right}}
   func.return
 }
 
@@ -737,6 +800,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // sliding_window negative left
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask sliding_window %s {left = -1} : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask sliding_window: left must be >= 0}}
   func.return
 }
 
@@ -749,6 +813,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // document without ids
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask document %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask document takes one or two [B, S] segment-id tensors}}
   func.return
 }
 
@@ -761,6 +826,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // document ids rank
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?xi32>) {
   %m = attn.mask document %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask document ids must be a rank-2 integer tensor, got tensor<?xi32>}}
   func.return
 }
 
@@ -773,6 +839,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %ids: tensor<?xi32>) {
 // document ids batch
 func.func @f(%s: !attn.scores<2x8x?x?xf32>, %ids: tensor<3x?xi32>) {
   %m = attn.mask document %s, %ids : !attn.scores<2x8x?x?xf32>, tensor<3x?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask document: ids batch dim must match scores}}
   func.return
 }
 
@@ -785,6 +852,7 @@ func.func @f(%s: !attn.scores<2x8x?x?xf32>, %ids: tensor<3x?xi32>) {
 // prefix_lm without prefix
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask prefix_lm %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask prefix_lm needs either {prefix = N} or one [B] operand}}
   func.return
 }
 
@@ -797,6 +865,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // prefix_lm with both
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
   %m = attn.mask prefix_lm %s, %n {prefix = 4} : !attn.scores<?x8x?x?xf32>, tensor<?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask prefix_lm needs either {prefix = N} or one [B] operand}}
   func.return
 }
 
@@ -809,6 +878,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
 // prefix_lm negative
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask prefix_lm %s {prefix = -4} : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask prefix_lm: prefix must be >= 0}}
   func.return
 }
 
@@ -821,6 +891,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // prefix_lm operand rank
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?x?xi32>) {
   %m = attn.mask prefix_lm %s, %n : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask prefix lengths must be a rank-1 integer tensor, got tensor<?x?xi32>}}
   func.return
 }
 
@@ -833,6 +904,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?x?xi32>) {
 // custom without region
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op attn.mask custom needs a predicate region}}
   func.return
 }
 
@@ -845,6 +917,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // region on a non-custom mask
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask causal %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.mask' op only the custom kind has a predicate region}}
   ^bb0(%b: index, %h: index, %qi: index, %ki: index):
     %keep = arith.cmpi sge, %qi, %ki : index
     attn.yield %keep : i1
@@ -861,6 +934,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // custom mask region signature
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.mask' op custom mask region arguments must be (index, index, index, index), got (index, index)}}
   ^bb0(%qi: index, %ki: index):
     %keep = arith.cmpi sge, %qi, %ki : index
     attn.yield %keep : i1
@@ -877,6 +951,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // custom mask region signature misses a capture
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %t: tensor<8xi32>) {
   %m = attn.mask custom %s, %t : !attn.scores<?x8x?x?xf32>, tensor<8xi32> {
+  // expected-error @above {{'attn.mask' op custom mask region arguments must be (index, index, index, index, tensor<8xi32>), got (index, index, index, index)}}
   ^bb0(%b: index, %h: index, %qi: index, %ki: index):
     %keep = arith.cmpi sge, %qi, %ki : index
     attn.yield %keep : i1
@@ -893,6 +968,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %t: tensor<8xi32>) {
 // custom mask yields an index
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.mask' op region must yield one i1, got [IndexType()]}}
   ^bb0(%b: index, %h: index, %qi: index, %ki: index):
     attn.yield %qi : index
   }
@@ -910,6 +986,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
   ^bb0(%b: index, %h: index, %qi: index, %ki: index):
     %keep = arith.cmpi sge, %qi, %ki : index
+    // expected-error @above {{'arith.cmpi' op terminates block in single-block region but is not a terminator}}
   }
   func.return
 }
@@ -923,6 +1000,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // unknown mask kind (generic form)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = "attn.mask"(%s) <{kind = "chunked"}> ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op unknown kind 'chunked' (expected one of causal, sliding_window, document, prefix_lm, custom)}}
   func.return
 }
 
@@ -935,6 +1013,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // string option outside its choices (generic form)
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = "attn.rope"(%q) <{style = "neox"}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op option 'style' must be one of half, interleaved, got 'neox'}}
   func.return
 }
 
@@ -947,6 +1026,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // infinite float option (generic form)
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op option 'theta' must be finite}}
   func.return
 }
 
@@ -959,6 +1039,7 @@ func.func @f(%q: tensor<?x8x?x64xf16>) {
 // custom mask region with two blocks
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.mask' op custom mask region must have a single block}}
   ^bb0(%b: index, %h: index, %qi: index, %ki: index):
     %keep = arith.cmpi sge, %qi, %ki : index
     attn.yield %keep : i1
@@ -978,6 +1059,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // mask kind missing (generic form)
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = "attn.mask"(%s) ({}) : (!attn.scores<?x8x?x?xf32>) -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.mask' op kind must be given}}
   func.return
 }
 
@@ -990,6 +1072,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // prefix_lm with two operands
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
   %m = attn.mask prefix_lm %s, %n, %n : !attn.scores<?x8x?x?xf32>, tensor<?xi32>, tensor<?xi32>
+  // expected-error @above {{'attn.mask' op attn.mask prefix_lm takes one [B] prefix-length operand}}
   func.return
 }
 
@@ -1002,6 +1085,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %n: tensor<?xi32>) {
 // score_mod region signature
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.score_mod' op score_mod region arguments must be (f32, index, index, index, index), got (f32)}}
   ^bb0(%x: f32):
     attn.yield %x : f32
   }
@@ -1017,6 +1101,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // score_mod without a region
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.score_mod' op Region 'body' at position 0 expected a single block, but got 0 blocks}}
   func.return
 }
 
@@ -1029,6 +1114,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // score_mod yield type
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.score_mod' op region must yield one f32, got [Float16Type()]}}
   ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index):
     %y = arith.truncf %x : f32 to f16
     attn.yield %y : f16
@@ -1045,6 +1131,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // score_mod yields two values
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %m = attn.score_mod %s : !attn.scores<?x8x?x?xf32> {
+  // expected-error @above {{'attn.score_mod' op region must yield one f32, got [Float32Type(), Float32Type()]}}
   ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index):
     attn.yield %x, %x : f32, f32
   }
@@ -1060,6 +1147,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // attn.yield outside a region of mask/score_mod
 func.func @f(%x: f32) {
   attn.yield %x : f32
+  // expected-error @above {{'attn.yield' expects parent op to be one of 'attn.mask', 'attn.score_mod'}}
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:3: error: 'attn.yield' expects parent op to be one of 'attn.mask', 'attn.score_mod'
@@ -1071,6 +1159,7 @@ func.func @f(%x: f32) {
 // softmax result not probs
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.scores<?x8x?x?xf32>
+  // expected-error @above {{'attn.softmax' op result 'output' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs}}
   func.return
 }
 
@@ -1083,6 +1172,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softmax result dims
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  // expected-error @above {{'attn.softmax' op result must be !attn.probs with dims [?, 8, ?, ?]}}
   func.return
 }
 
@@ -1095,6 +1185,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softmax lse shape
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x4x?xf32>
+  // expected-error @above {{'attn.softmax' op lse shape must be [?, 8, ?]}}
   func.return
 }
 
@@ -1107,6 +1198,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softmax lse rank
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?x?xf32>
+  // expected-error @above {{'attn.softmax' op lse must be tensor<BxHxSqxf32>}}
   func.return
 }
 
@@ -1119,6 +1211,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softmax lse element type
 func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
   %p, %lse = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>, tensor<?x8x?xf16>
+  // expected-error @above {{'attn.softmax' op lse must be tensor<BxHxSqxf32>}}
   func.return
 }
 
@@ -1131,6 +1224,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>) {
 // softmax sinks length
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sk: tensor<64xf32>) {
   %p = attn.softmax %s sinks %sk : !attn.scores<?x8x?x?xf32>, tensor<64xf32> -> !attn.probs<?x8x?x?xf32>
+  // expected-error @above {{'attn.softmax' op attn.softmax sinks must have 8 elements, got 64}}
   func.return
 }
 
@@ -1143,6 +1237,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %sk: tensor<64xf32>) {
 // dropout p out of range
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
   %d = attn.dropout %p, %seed {p = 1.0} : !attn.probs<?x8x?x?xf32>, i64
+  // expected-error @above {{'attn.dropout' op option p must be given, in [0, 1)}}
   func.return
 }
 
@@ -1155,6 +1250,7 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
 // dropout p negative
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
   %d = attn.dropout %p, %seed {p = -0.1} : !attn.probs<?x8x?x?xf32>, i64
+  // expected-error @above {{'attn.dropout' op option p must be given, in [0, 1)}}
   func.return
 }
 
@@ -1167,6 +1263,7 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
 // dropout without p
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
   %d = attn.dropout %p, %seed : !attn.probs<?x8x?x?xf32>, i64
+  // expected-error @above {{'attn.dropout' op option p must be given, in [0, 1)}}
   func.return
 }
 
@@ -1179,6 +1276,7 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i64) {
 // dropout seed i32
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i32) {
   %d = attn.dropout %p, %seed {p = 0.1} : !attn.probs<?x8x?x?xf32>, i32
+  // expected-error @above {{'attn.dropout' op seed must be i64}}
   func.return
 }
 
@@ -1191,6 +1289,7 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %seed: i32) {
 // dropout on scores
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %seed: i64) {
   %d = attn.dropout %s, %seed {p = 0.1} : !attn.scores<?x8x?x?xf32>, i64
+  // expected-error @above {{'attn.dropout' op operand 'input' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs}}
   func.return
 }
 
@@ -1203,6 +1302,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %seed: i64) {
 // weighted_sum on scores
 func.func @f(%s: !attn.scores<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
   %o = attn.weighted_sum %s, %v : !attn.scores<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.weighted_sum' op operand 'probs' at position 0 does not verify: !attn.scores<?x8x?x?xf32> should be of base attribute attn.probs}}
   func.return
 }
 
@@ -1215,6 +1315,7 @@ func.func @f(%s: !attn.scores<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
 // weighted_sum v heads
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x3x?x64xf16>) {
   %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x3x?x64xf16> -> tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.weighted_sum' op heads (8) must be a multiple of v heads (3)}}
   func.return
 }
 
@@ -1227,6 +1328,7 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x3x?x64xf16>) {
 // weighted_sum v seq
 func.func @f(%p: !attn.probs<?x8x?x32xf32>, %v: tensor<?x8x16x64xf16>) {
   %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x32xf32>, tensor<?x8x16x64xf16> -> tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.weighted_sum' op v batch/seq dims must match the probabilities}}
   func.return
 }
 
@@ -1239,6 +1341,7 @@ func.func @f(%p: !attn.probs<?x8x?x32xf32>, %v: tensor<?x8x16x64xf16>) {
 // weighted_sum result head dim
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
   %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x128xf16>
+  // expected-error @above {{'attn.weighted_sum' op result must be [?, 8, ?, 64]}}
   func.return
 }
 
@@ -1251,9 +1354,65 @@ func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
 // weighted_sum result element type
 func.func @f(%p: !attn.probs<?x8x?x?xf32>, %v: tensor<?x8x?x64xf16>) {
   %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf32>
+  // expected-error @above {{'attn.weighted_sum' op result must be a tensor of v's element type}}
   func.return
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.weighted_sum' op result must be a tensor of v's element type
 // CHECK-NEXT: %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf32>
 // CHECK-NEXT: ^~~~~~~~~~~~~~~~~
+
+// -----
+
+// rotation frequencies theta^(-2i/d) beyond f32 (driver fuzz: lower-backward crashed)
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {theta = 1.0e-320} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op theta and factor give rotation frequencies beyond the f32 range}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op theta and factor give rotation frequencies beyond the f32 range (theta^(-2i/rotary_dim) / factor > 3.4e38)
+// CHECK-NEXT: %r = attn.rope %q {theta = 1.0e-320} : tensor<?x8x?x64xf16>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// the same through a tiny scaling factor
+func.func @f(%q: tensor<?x8x?x64xf16>) {
+  %r = attn.rope %q {scaling = "linear", factor = 1.0e-40} : tensor<?x8x?x64xf16>
+  // expected-error @above {{'attn.rope' op theta and factor give rotation frequencies beyond the f32 range}}
+  func.return
+}
+
+// -----
+
+// a static dim beyond i32 (lower-backward failed unlocated on an i32 constant)
+func.func @f(%q: tensor<?x4294967296x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x4294967296x?x64xf16>
+  // expected-error @above {{rope input heads dim 4294967296 is larger than 2147483647}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads dim 4294967296 is larger than 2147483647
+
+// -----
+
+// more heads than the grid holds (driver fuzz: per-head tables ran out of memory)
+func.func @f(%q: tensor<?x65536x?x64xf16>) {
+  %r = attn.rope %q : tensor<?x65536x?x64xf16>
+  // expected-error @above {{rope input heads 65536 is more than 65535}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input heads 65536 is more than 65535 (kernels launch batch x heads programs on the grid's y axis)
+
+// -----
+
+// a head dim no Triton block holds (driver fuzz: rope tables ran out of memory)
+func.func @f(%q: tensor<?x8x?x65538xf16>) {
+  %r = attn.rope %q : tensor<?x8x?x65538xf16>
+  // expected-error @above {{rope input head_dim 65538 is larger than 65536}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input head_dim 65538 is larger than 65536 (a 16-row tile of it must fit Triton's 2^20-element block)
