@@ -248,7 +248,7 @@ def test_rope_one_side(side: str) -> None:
 
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
 def test_rope_layouts_differ(strategy: str) -> None:
-    """Q interleaved, K half (fused rejects it; pre-kernels handle it)."""
+    """Q interleaved, K half: pre-kernels handle it (fused: tests/training/test_rope_mismatch.py)."""
     grad_check(
         small().rope("q", style="interleaved").rope("k").mask("causal").build(),
         strategy=strategy,
