@@ -13,7 +13,7 @@ TORCH_PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnfuse-setup-stamp
 
-.PHONY: demo test setup clean-setup
+.PHONY: demo test fuzz setup clean-setup
 
 demo: $(STAMP)
 	$(PY) -m attnfuse.demo
@@ -21,6 +21,13 @@ demo: $(STAMP)
 # pytest exits 5 when no test is collected: that is not a failure.
 test: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi
+
+# The differential fuzzer (tests/fuzz/differential.py), longer than its CI run:
+# make fuzz SEED=7 COUNT=500. Kernels run in the Triton interpreter on the CPU.
+SEED ?= 1
+COUNT ?= 100
+fuzz: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) tests/fuzz/differential.py --seed $(SEED) --count $(COUNT)
 
 setup: $(STAMP)
 
