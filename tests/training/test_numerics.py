@@ -139,9 +139,7 @@ def test_vector_gradient_partials_are_f32(kind: str) -> None:
     """The partial sums of a vector gradient are f32 buffers reduced in f32; the only
     conversion to the operand's dtype is the last host op."""
     text, _ = _vector_program(kind, "f16")
-    from attnfuse.reference import parse_program
-
-    module = parse_program(text)
+    module = reference.parse_program(text)
     PassManager(PIPELINE.format("fused")).run(module, make_context())
     reduces = [op for op in module.walk() if isinstance(op, ReduceSumOp)]
     converts = [op for op in module.walk() if isinstance(op, ConvertOp)]
