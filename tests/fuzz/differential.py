@@ -1,7 +1,7 @@
 """The differential fuzzer: random programs, compiled kernels vs the float64 reference.
 
 For each `generator.Case` and each rope-fusion strategy that applies, `check_case`
-compiles the program with the training pipeline (`lower-backward`, block-m = block-n = 16),
+compiles the program with the training pipeline (`lower-backward`, 16 or 32 row / key tiles),
 runs the forward through the Triton interpreter with `return_lse=True`, backpropagates
 a random upstream gradient of both the output and the lse, runs the same loss through
 `attnfuse.reference` in float64, and compares
@@ -43,8 +43,8 @@ from attnfuse import reference
 from attnfuse.testing import GRAD_TOLERANCE, assert_close
 
 PIPELINE = (
-    "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling{{block-m=16 block-n=16}},"
-    "lower-backward{{block-m=16 block-n=16}},lower-to-tile"
+    "attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling{{block-m={m} block-n={n}}},"
+    "lower-backward{{block-m={m} block-n={n}}},lower-to-tile"
 )
 GRAD_SCALE_FLOOR = 1e-2
 """Gradients are compared relative to max(max |reference|, this)."""
@@ -62,7 +62,7 @@ class Failure:
     def report(self) -> str:
         c = self.case
         return (
-            f"--- case {self.case_index} strategy={self.strategy} dtype={c.dtype} B={c.batch} "
+            f"--- case {self.case_index} strategy={self.strategy} blocks={c.blocks_mn} dtype={c.dtype} B={c.batch} "
             f"Sq={c.q_len} Skv={c.kv_len} blocks={','.join(c.blocks)}\n{self.error}\n{c.program.text}"
         )
 
@@ -134,7 +134,8 @@ def check_case(case: Case, strategy: str, seed: int) -> int:
     program = case.program
     args = program.inputs(case.batch, case.q_len, case.kv_len, seed)
     dtype = DTYPES[case.dtype]
-    fn = attnfuse.compile(program.text, pipeline=PIPELINE.format(strategy))
+    m, n = case.blocks_mn
+    fn = attnfuse.compile(program.text, pipeline=PIPELINE.format(strategy=strategy, m=m, n=n))
     leaves = [a.detach().clone().requires_grad_() if i in case.learnable else a for i, a in enumerate(args)]
     out, lse = fn(*leaves, return_lse=True)
     want = reference.run(program.text, *args)

@@ -30,6 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from programs import BLOCK, Builder, Program
 
 FUSION_STRATEGIES = ("fused", "hybrid", "separate")
@@ -107,6 +108,15 @@ CUSTOM_MASKS: tuple[str, ...] = (
         %keep$ = arith.cmpi sle, %kv$, %w$ : index
         attn.yield %keep$ : i1
     """,
+    # chunked attention with a per-head chunk size read from a captured i32 table
+    """
+        %n$ = tensor.extract %c0$[%h$] : tensor<HQxi32>
+        %ni$ = arith.index_cast %n$ : i32 to index
+        %cq$ = arith.divsi %q$, %ni$ : index
+        %ck$ = arith.divsi %kv$, %ni$ : index
+        %keep$ = arith.cmpi eq, %cq$, %ck$ : index
+        attn.yield %keep$ : i1
+    """,
 )
 
 
@@ -122,6 +132,8 @@ class Case:
     strategies: tuple[str, ...]
     learnable: tuple[int, ...]
     """Argument indices whose gradient is checked (q, k, v and learnable operands)."""
+    blocks_mn: tuple[int, int] = (BLOCK, BLOCK)
+    """(block-m, block-n) of the tile plan, forward and backward."""
     blocks: list[str] = field(default_factory=list)
     """The blocks used, for the summary (e.g. 'rope', 'mask:causal')."""
 
@@ -277,7 +289,13 @@ class _Draw:
         self.blocks.append("mask:document")
 
     def _custom(self) -> None:
-        self.b.custom_mask(self.rng.choice(CUSTOM_MASKS))
+        body = self.rng.choice(CUSTOM_MASKS)
+        captures = []
+        if "%c0$" in body and "tensor.extract" in body:
+            hq = self.b.hq
+            captures.append(self.b.table("chunk", hq, "i32", lambda g, bb, sq, skv: torch.randint(
+                1, 24, (hq,), generator=g, dtype=torch.int32)))
+        self.b.custom_mask(body.replace("HQ", str(self.b.hq)), *captures)
         self.blocks.append("mask:custom")
 
     def build(self) -> Program:
@@ -299,8 +317,9 @@ def random_case(rng: random.Random) -> Case:
     program = draw.build()
     has_side_ops = "attn.rope" in program.text or "attn.qk_norm" in program.text
     strategies = FUSION_STRATEGIES if has_side_ops else ("fused",)
+    blocks_mn = rng.choice([(BLOCK, BLOCK), (BLOCK, BLOCK), (BLOCK, 2 * BLOCK), (2 * BLOCK, BLOCK)])
     return Case(program, draw.dtype, draw.batch, draw.q_len, draw.kv_len, strategies,
-                tuple(draw.learnable), draw.blocks)
+                tuple(draw.learnable), blocks_mn, draw.blocks)
 
 
 __all__ = ["FUSION_STRATEGIES", "Case", "random_case"]
