@@ -211,7 +211,7 @@ class _Draw:
 
     def score_ops(self) -> None:
         rng, b = self.rng, self.b
-        b.scores(**({"scale": rng.choice([0.1, 0.3])} if rng.random() < 0.3 else {}))
+        b.scores(**({"scale": rng.choice([0.1, 0.3, 1.0])} if rng.random() < 0.3 else {}))
         draws: list[Callable[[], None]] = []
         if rng.random() < 0.3:
             draws.append(self._alibi)

@@ -99,7 +99,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double().cpu() - want).abs().max() / want.abs().max())
 
 
-def _check_against_torch(kind: str, dtype: str, seeds: range) -> None:
+def _check_against_torch(kind: str, dtype: str, seeds: range, strategy: str = "fused") -> None:
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     text, index = _vector_program(kind, dtype)
     for seed in seeds:
@@ -109,7 +109,7 @@ def _check_against_torch(kind: str, dtype: str, seeds: range) -> None:
         vec = torch.randn(4 if kind != "norm_weight" else 32, generator=g)
         vec = 1.0 + 0.1 * vec if kind == "norm_weight" else 0.3 * vec
         args = [t.to(torch_dtype).to(DEVICE) for t in (q, k, v, vec)]
-        leaves, out, _, d_out, _ = run_grads(text, args, seed=seed)
+        leaves, out, _, d_out, _ = run_grads(text, args, strategy=strategy, seed=seed)
         refs = [a.detach().double().requires_grad_() for a in args]
         reference.run(text, *refs).backward(d_out.double())
         eager = [a.detach().clone().requires_grad_() for a in args]
@@ -128,19 +128,25 @@ def test_vector_gradient_f16_vs_torch(kind: str) -> None:
     _check_against_torch(kind, "f16", range(2))
 
 
+def test_norm_weight_gradient_f16_prekernel_vs_torch() -> None:
+    """The weight gradient summed from the Q pre-kernel's transpose partials."""
+    _check_against_torch("norm_weight", "f16", range(1), strategy="separate")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", VECTOR_OPERANDS)
 def test_vector_gradient_bf16_vs_torch(kind: str) -> None:
     _check_against_torch(kind, "bf16", range(4))
 
 
+@pytest.mark.parametrize("strategy", ["fused", "separate"])
 @pytest.mark.parametrize("kind", VECTOR_OPERANDS)
-def test_vector_gradient_partials_are_f32(kind: str) -> None:
+def test_vector_gradient_partials_are_f32(kind: str, strategy: str) -> None:
     """The partial sums of a vector gradient are f32 buffers reduced in f32; the only
     conversion to the operand's dtype is the last host op."""
     text, _ = _vector_program(kind, "f16")
     module = reference.parse_program(text)
-    PassManager(PIPELINE.format("fused")).run(module, make_context())
+    PassManager(PIPELINE.format(strategy)).run(module, make_context())
     reduces = [op for op in module.walk() if isinstance(op, ReduceSumOp)]
     converts = [op for op in module.walk() if isinstance(op, ConvertOp)]
     assert reduces and converts
