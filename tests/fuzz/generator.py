@@ -16,7 +16,7 @@ accepts and the compiler documents as supported (see docs/dialect.md):
   residues, prefix-LM static or per row, document ids, custom predicates).
 * softmax with optional sinks and lse result, optional dropout, weighted sum.
 * head dims including non-powers of two, V head dim differing from Q/K's, GQA / MQA
-  ratios, Sq != Skv (q or kv longer), f16 / f32 (not bf16: the Triton interpreter
+  ratios, V head counts differing from K's (forward only), Sq != Skv (q or kv longer), f16 / f32 (not bf16: the Triton interpreter
   truncates fp32 -> bf16 where a GPU rounds, which would hide real errors).
 
 Score_mod regions go before the masks (a region applied to a masked `-inf` may produce
@@ -134,6 +134,8 @@ class Case:
     """Argument indices whose gradient is checked (q, k, v and learnable operands)."""
     blocks_mn: tuple[int, int] = (BLOCK, BLOCK)
     """(block-m, block-n) of the tile plan, forward and backward."""
+    forward_only: bool = False
+    """V's heads differ from K's: compiled without lower-backward, no gradient checked."""
     blocks: list[str] = field(default_factory=list)
     """The blocks used, for the summary (e.g. 'rope', 'mask:causal')."""
 
@@ -151,9 +153,13 @@ class _Draw:
         self.dtype = rng.choice(["f16", "f32"])
         hkv = rng.choice([1, 2])
         hq = hkv * rng.choice([1, 2, 3])
+        # V with its own head count (forward only: the backward needs K's and V's heads equal)
+        v_heads = [h for h in (1, 2, hq) if hq % h == 0 and h != hkv]
+        hv = rng.choice(v_heads) if v_heads and rng.random() < 0.1 else hkv
+        self.forward_only = hv != hkv
         d = rng.choice([16, 24, 32, 40, 48, 64])
         dv = d if rng.random() < 0.7 else rng.choice([16, 24, 40])
-        self.b = Builder("fuzz", hq=hq, hkv=hkv, d=d, dv=dv, dtype=self.dtype)
+        self.b = Builder("fuzz", hq=hq, hkv=hkv, hv=hv, d=d, dv=dv, dtype=self.dtype)
         self.batch = rng.choice([1, 2])
         self.q_len = rng.choice([1, 5, 16, 17, 29, 37, 50])
         self.kv_len = self.q_len if rng.random() < 0.4 else rng.choice([1, 13, 16, 29, 33, 50])
@@ -318,8 +324,10 @@ def random_case(rng: random.Random) -> Case:
     has_side_ops = "attn.rope" in program.text or "attn.qk_norm" in program.text
     strategies = FUSION_STRATEGIES if has_side_ops else ("fused",)
     blocks_mn = rng.choice([(BLOCK, BLOCK), (BLOCK, BLOCK), (BLOCK, 2 * BLOCK), (2 * BLOCK, BLOCK)])
+    if draw.forward_only:
+        draw.blocks.append("forward_only:v_heads")
     return Case(program, draw.dtype, draw.batch, draw.q_len, draw.kv_len, strategies,
-                tuple(draw.learnable), blocks_mn, draw.blocks)
+                tuple(draw.learnable), blocks_mn, draw.forward_only, draw.blocks)
 
 
 __all__ = ["FUSION_STRATEGIES", "Case", "random_case"]
