@@ -13,7 +13,7 @@ TORCH_PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnfuse-setup-stamp
 
-.PHONY: demo test fuzz-driver setup clean-setup
+.PHONY: demo test fuzz fuzz-driver setup clean-setup
 
 demo: $(STAMP)
 	$(PY) -m attnfuse.demo
@@ -25,6 +25,13 @@ test: $(STAMP)
 # A longer driver fuzz run than CI's (tests/test_driver_fuzz.py): 30000 cases, a few minutes.
 fuzz-driver: $(STAMP)
 	ATTNFUSE_DRIVER_FUZZ_CASES=$${ATTNFUSE_DRIVER_FUZZ_CASES:-30000} $(PY) -m pytest -q -s tests/test_driver_fuzz.py
+
+# The differential fuzzer (tests/fuzz/differential.py), longer than its CI run:
+# make fuzz SEED=7 COUNT=500. Kernels run in the Triton interpreter on the CPU.
+SEED ?= 1
+COUNT ?= 100
+fuzz: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) tests/fuzz/differential.py --seed $(SEED) --count $(COUNT)
 
 setup: $(STAMP)
 

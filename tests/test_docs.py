@@ -29,6 +29,7 @@ from attnfuse.dialects.attn_types import (
     format_option_value,
 )
 from attnfuse.pass_manager import make_context
+from attnfuse.reference import regions, run
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = (REPO / "docs" / "dialect.md").read_text()
@@ -107,12 +108,11 @@ def _argument(
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_example_runs_on_the_reference(name: str) -> None:
-    reference = pytest.importorskip("attnfuse.reference")
     module = parse(PROGRAMS[name])
     fn = next(op for op in module.walk() if isinstance(op, FuncOp))
     rng = torch.Generator().manual_seed(0)
     args = [_argument(a.name_hint or "", a.type, rng, batch=2, seq=6) for a in fn.args]
-    out = reference.run(PROGRAMS[name], *args)
+    out = run(PROGRAMS[name], *args)
     results = out if isinstance(out, tuple) else (out,)
     assert len(results) == len(fn.function_type.outputs.data)
     for r in results:
@@ -176,7 +176,6 @@ def test_quoted_errors_exist() -> None:
 
 
 def test_region_op_list_matches_the_reference() -> None:
-    regions = pytest.importorskip("attnfuse.reference.regions")
     body = section("attn.score_mod")
     listed = re.search(r"The ops allowed in .*?are:\n\n(.*?)\n\n", body, re.DOTALL)
     assert listed

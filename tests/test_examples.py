@@ -20,7 +20,6 @@ import math
 from collections.abc import Sequence
 from io import StringIO
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
-from attnfuse import examples
+from attnfuse import examples, reference
 from attnfuse.pass_manager import make_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -388,21 +387,10 @@ def t5_position_bias(table: torch.Tensor, sq: int, skv: int) -> torch.Tensor:
 # ======================================================================= numerics
 
 
-def reference() -> ModuleType:
-    ref = pytest.importorskip(
-        "attnfuse.reference",
-        reason="attnfuse.reference (the float64 interpreter) has not landed yet",
-    )
-    if not hasattr(ref, "run"):
-        pytest.skip("attnfuse.reference.run has not landed yet")
-    return ref
-
-
 def run_example(name: str, *args: object, text: str | None = None) -> torch.Tensor:
     """Run an example (or a textual variant of it) through the reference interpreter."""
-    ref = reference()
     source = text if text is not None else (EXAMPLES_DIR / f"{name}.attn").read_text()
-    out = ref.run(source, *args)
+    out = reference.run(source, *args)
     if isinstance(out, (tuple, list)):
         assert len(out) == 1, f"{name}: expected one result, got {len(out)}"
         out = out[0]

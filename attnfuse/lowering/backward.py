@@ -211,7 +211,7 @@ class DqKernel(ForwardKernel, _Recompute):
             assert self.sinks_arg.ptr is not None and self.sinks_grad.ptr is not None
             sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32)
             lse_safe = b.where(b.eq(self.lse, float("-inf")), 0.0, self.lse)
-            p_sink = b.exp(b.sub(sink, lse_safe))
+            p_sink = b.exp(b.where(b.eq(sink, self.lse), 0.0, b.sub(sink, lse_safe)))  # +inf sink: 1
             contribution = b.where(row_ok, b.neg(b.mul(p_sink, self.delta)), 0.0)
             b.store(self.sinks_grad.ptr, slot, b.reduce_sum(contribution, 0))
         grad, side_grads = side_backward(self.q_side, b, dq, self.q_states, self.layout, rows, batch, row_ok)

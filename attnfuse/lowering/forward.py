@@ -28,6 +28,8 @@ from attnfuse.program import AttentionProgram, ProgramError
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+SINK_START_MAX = 1.0e38
+"""Sinks above this start the running max here (x LOG2E stays finite in fp32)."""
 
 
 @dataclass
@@ -162,7 +164,8 @@ class ForwardKernel:
         if self.sinks_arg is not None:
             assert self.sinks_arg.ptr is not None
             sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32)
-            m_i = b.broadcast_to(b.mul(sink, LOG2E), (bm,))
+            # A finite start for a +inf sink keeps the online rescaling free of inf - inf.
+            m_i = b.broadcast_to(b.mul(b.minimum(sink, SINK_START_MAX), LOG2E), (bm,))
             m_i = b.name(m_i, "m_i")
             l_i = b.full((bm,), 1.0, f32, name="l_i")
         else:
@@ -188,6 +191,8 @@ class ForwardKernel:
         b.store(o_base, offs, b.cast(out, self._dtype(spec.out)), mask=mask)
         if self.lse_arg is not None:
             lse = b.where(b.eq(l_i, 0.0), float("-inf"), b.mul(b.add(m_i, b.log2(l_safe)), LN2), name="lse")
+            if self.sinks_arg is not None:
+                lse = b.maximum(lse, sink)  # lse >= sink exactly; +inf for a +inf sink
             base = self.lse_arg.base(b, batch, head)
             b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
         return b.finish()

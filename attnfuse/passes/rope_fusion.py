@@ -22,6 +22,11 @@ with `strategy=hybrid` becomes
 %kr = attn.rope %k {theta = 500000.0, placement = "prekernel"} : tensor<?x8x?x128xbf16>
 ```
 Placements already written in the program are kept, which lets users pin one transform.
+
+The kernel rotates Q and K in one column layout, so RoPEs of Q and K that differ in
+style or `rotary_dim` cannot both run in it: when a strategy would put both there
+(`fused`), K's transforms move to a pre-kernel (the `hybrid` placement), or Q's when K's
+are pinned to the kernel; if both are pinned, the pass reports the conflict.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 
 from xdsl.passes import ModulePass
 
+from attnfuse.dialects.attn import RopeOp
 from attnfuse.program import ProgramError, Side, analyze, find_functions
 
 STRATEGIES = ("auto", "fused", "hybrid", "separate")
@@ -64,6 +70,41 @@ def _place(side: Side, placement: str) -> None:
             )
 
 
+def _kernel_rope(side: Side) -> RopeOp | None:
+    """The first RoPE of a side that runs in the kernel (it fixes the side's layout)."""
+    return next(
+        (t for t in side.transforms if isinstance(t, RopeOp) and t.str_option("placement") == "kernel"), None
+    )
+
+
+def _layout(rope: RopeOp) -> tuple[str, int]:
+    return rope.str_option("style"), rope.rotary_width()
+
+
+def _separate_mismatched_ropes(q: Side, k: Side, unpinned: set[int]) -> None:
+    """Move one side's transforms to a pre-kernel when Q's and K's in-kernel RoPEs
+    differ in layout (see the module docstring); `unpinned` holds the ids of the
+    transforms whose placement this pass chose."""
+    rope_q, rope_k = _kernel_rope(q), _kernel_rope(k)
+    if rope_q is None or rope_k is None or _layout(rope_q) == _layout(rope_k):
+        return
+    for side in (k, q):
+        moved = [
+            "prekernel" if id(t) in unpinned else t.str_option("placement") for t in side.transforms
+        ]
+        in_kernel = [t for t, p in zip(side.transforms, moved) if p == "kernel"]
+        ordered = "kernel" not in moved or "prekernel" not in moved[moved.index("kernel"):]
+        if ordered and not any(isinstance(t, RopeOp) for t in in_kernel):
+            for op, placement in zip(side.transforms, moved):
+                op.properties["placement"] = StringAttr(placement)
+            return
+    raise ProgramError(
+        "q and k RoPE placed in the kernel must share style and rotary_dim; "
+        "place one side in a pre-kernel",
+        rope_k,
+    )
+
+
 @dataclass(frozen=True)
 class RopeFusionPass(ModulePass):
     """Place RoPE / QK-norm inside the attention kernel or in pre-kernels."""
@@ -84,5 +125,9 @@ class RopeFusionPass(ModulePass):
         k_place = "kernel" if strategy == "fused" else "prekernel"
         for function in find_functions(op):
             program = analyze(function)
+            unpinned = {
+                id(t) for t in program.q.transforms + program.k.transforms if t.str_option("placement") == "auto"
+            }
             _place(program.q, q_place)
             _place(program.k, k_place)
+            _separate_mismatched_ropes(program.q, program.k, unpinned)

@@ -305,16 +305,21 @@ def run_softmax(op: SoftmaxOp, frame: Frame) -> tuple[Value, ...]:
 
     `lse = log(sum_kv exp(S) + exp(sink[h]))` (natural log), `P = exp(S - lse)`. A row
     with no finite score gives `P = 0` and `lse = -inf` (with sinks: `lse = sink[h]`).
-    The stabilising row max is detached (the result does not depend on it).
+    A `+inf` sink outweighs every score: `P = 0` and `lse = +inf` (its gradient is the
+    limit, 1 for the lse, 0 for P). The stabilising row max is detached (the result does
+    not depend on it).
     """
     s = frame.tensor(op.input)
     row_max = s.detach().amax(dim=-1, keepdim=True)
     sinks = frame.optional(op.sinks)
+    dominant = None
     if sinks is not None:
         _require(
             sinks.shape == (s.shape[1],), f"attn.softmax: sinks must have shape ({s.shape[1]},)"
         )
         sinks = sinks.view(1, -1, 1, 1)
+        dominant = torch.isposinf(sinks.detach())
+        infinite_sinks, sinks = sinks, torch.where(dominant, 0.0, sinks)
         row_max = torch.maximum(row_max, sinks.detach())
     row_max = torch.where(row_max == NEG_INF, torch.zeros_like(row_max), row_max)
     e = torch.exp(s - row_max)
@@ -324,9 +329,12 @@ def run_softmax(op: SoftmaxOp, frame: Frame) -> tuple[Value, ...]:
     positive = total > 0
     safe = torch.where(positive, total, torch.ones_like(total))
     probs = e / safe
+    lse = torch.where(positive, row_max + torch.log(safe), NEG_INF)
+    if dominant is not None:
+        probs = torch.where(dominant, 0.0, probs)
+        lse = torch.where(dominant, infinite_sinks, lse)
     if op.lse is None:
         return (probs,)
-    lse = torch.where(positive, row_max + torch.log(safe), NEG_INF)
     return probs, lse.squeeze(-1)
 
 

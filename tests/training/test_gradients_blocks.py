@@ -29,7 +29,7 @@ from programs import Builder, Program
 
 import attnfuse
 from attnfuse import reference
-from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close
+from attnfuse.testing import GRAD_TOLERANCE, assert_close, assert_grad_close
 
 STRATEGIES = ("fused", "hybrid", "separate")
 PIPELINE = (
@@ -248,7 +248,7 @@ def test_rope_one_side(side: str) -> None:
 
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
 def test_rope_layouts_differ(strategy: str) -> None:
-    """Q interleaved, K half (fused rejects it; pre-kernels handle it)."""
+    """Q interleaved, K half: pre-kernels handle it (fused: tests/training/test_rope_mismatch.py)."""
     grad_check(
         small().rope("q", style="interleaved").rope("k").mask("causal").build(),
         strategy=strategy,
@@ -770,8 +770,9 @@ def test_score_mod_floor_is_a_clear_error() -> None:
 
 
 def test_score_mod_powf() -> None:
-    """math.powf lowers in the forward; the backward either differentiates it or
-    refuses it with an error naming the op (no silent wrong gradient)."""
+    """math.powf lowers in the forward and is differentiated in the backward: it must
+    compile with lower-backward (an error naming the op is a failure) and the output and
+    gradients must match the reference."""
     b = small()
     temp = b.arg("temp", "f32", lambda g, bb, sq, skv: 2.0)
     p = b.score_mod(
@@ -782,12 +783,10 @@ def test_score_mod_powf() -> None:
     """,
         temp,
     ).build()
-    try:
-        compile_training(p.text)
-    except DiagnosticException as e:
-        assert "math.powf" in str(e) and "derivative" in str(e), str(e)
-        return
-    grad_check(p)
+    args = p.inputs(2, 37, 37)
+    out = compile_training(p.text)(*args)
+    assert_close(out, reference.run(p.text, *args))
+    grad_check(p, args=args)
 
 
 # ============================================================================ softmax: sinks, lse, dropout
