@@ -311,7 +311,7 @@ class LowerBackwardPass(ModulePass):
     """Keep in-kernel Q/K transforms in the backward kernels instead of pre-kernels."""
     dkdv_transposed: bool = False
     """dK/dV kernel computes Sᵀ = K Qᵀ (no transposes of computed tiles, but K and V become
-    register operands: measured 25% slower on an H200, run 11)."""
+    register operands: measured 25% slower on an H200, run 12)."""
     dkdv_full_tiles: bool = True
     """dK/dV kernel walks q blocks inside the planned masks without mask code; false is the ablation."""
     dkdv_num_warps: int = 0

@@ -213,7 +213,7 @@ def effective_masks(score_ops: list[Operation]) -> list[MaskOp]:
 def default_block_n(program: AttentionProgram) -> int:
     """128 keys per block for 16-bit inputs with Q/K and V head dims up to 128 (with
     128-row q blocks, 3 pipeline stages then fit an H200 SM: the fastest forward measured
-    for Llama-3-8B, docs/benchmarks.md run 11), else 64 (wider rows or f32 leave room for
+    for Llama-3-8B, docs/benchmarks.md run 12), else 64 (wider rows or f32 leave room for
     fewer stages of 128 keys)."""
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
