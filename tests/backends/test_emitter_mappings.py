@@ -27,7 +27,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.backends.triton import emitter
 from attnfuse.backends.triton.emitter import emit_module
-from attnfuse.backends.triton.loader import load_kernels
+from attnfuse.runtime.loader import load_kernels
 from attnfuse.dialects import tile
 from attnfuse.dialects.tile_builder import TileBuilder
 from attnfuse.dialects.tile_types import PtrType
