@@ -31,6 +31,7 @@ from xdsl.printer import Printer
 
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.source_locations import decode_source
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
@@ -68,7 +69,7 @@ def _read_program(program: object) -> tuple[str, str]:
         isinstance(program, str) and "\n" not in program and program.endswith((".attn", ".mlir"))
     ):
         path = Path(program)
-        return path.read_text(), str(path)
+        return decode_source(path.read_bytes(), str(path)), str(path)
     if isinstance(program, str):
         return program, "<program>"
     raise TypeError(

@@ -16,6 +16,7 @@ import torch
 from programs import Builder, Program, compile_program, pipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+import attnfuse
 from attnfuse import api
 from attnfuse.api import AttnfuseArgumentError
 from attnfuse.pass_manager import (
@@ -399,3 +400,13 @@ def test_no_attention_function() -> None:
     text = "func.func @empty() {\n  func.return\n}\n"
     with pytest.raises(ValueError, match="no attention function"):
         api.compile(text, pipeline=pipeline())
+
+
+def test_program_file_that_is_not_utf8(tmp_path: Any) -> None:
+    """A program file of invalid UTF-8 is a located ParseError (it was a raw
+    UnicodeDecodeError from Path.read_text)."""
+    path = tmp_path / "bad.attn"
+    path.write_bytes(b"func.func @f() {\n  \xff\xfe\x00 }\n")
+    with pytest.raises(ParseError) as info:
+        attnfuse.compile(path)
+    assert "bad.attn:2:" in str(info.value)
