@@ -179,7 +179,7 @@ class _Draw:
         same = rng.random() < 0.6
         options = self._rope_options()
         shared_pos = None
-        if rng.random() < 0.3 and self.q_len == self.kv_len and same:
+        if rng.random() < 0.3 and self.q_len == self.kv_len and same and "offset" not in options:
             shared_pos = b.positions(rng.choice([1, 2]))
         for side in rope_sides:
             opts = options if same else self._rope_options()
