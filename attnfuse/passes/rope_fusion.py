@@ -119,6 +119,12 @@ class RopeFusionPass(ModulePass):
     seq_len: int = 0
     """Sequence length `auto` plans for; 0: the program's static S, else 4096."""
 
+    def __post_init__(self) -> None:
+        if self.target is not None:
+            get_target(self.target)  # an unknown name lists the known ones
+        if self.seq_len < 0:
+            raise ValueError(f"rope-fusion: seq-len must be >= 0, got {self.seq_len}")
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(

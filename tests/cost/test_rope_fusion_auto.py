@@ -7,7 +7,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse import examples
 from attnfuse.diagnostics import parse_module_with_locations
-from attnfuse.pass_manager import PassFailedError, PassManager, make_context
+from attnfuse.pass_manager import PassManager, PipelineError, make_context
 
 
 def placements(pipeline: str, **kwargs: object) -> list[str]:
@@ -33,6 +33,8 @@ def test_auto_placement(pipeline: str, kwargs: dict[str, object], expected: list
     assert placements(pipeline, **kwargs) == expected
 
 
-def test_unknown_target_option() -> None:
-    with pytest.raises(PassFailedError, match="unknown target 'v100'; known targets: a100"):
-        placements("attn-canonicalize,rope-fusion{target=v100}")
+def test_bad_options_are_rejected_before_running() -> None:
+    with pytest.raises(PipelineError, match="unknown target 'v100'; known targets: a100"):
+        PassManager("attn-canonicalize,rope-fusion{target=v100}")
+    with pytest.raises(PipelineError, match="seq-len must be >= 0"):
+        PassManager("rope-fusion{seq-len=-1}")
