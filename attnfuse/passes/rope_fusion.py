@@ -48,12 +48,15 @@ from attnfuse.program import AttentionProgram, ProgramError, Side, analyze, find
 STRATEGIES = ("auto", "fused", "hybrid", "separate")
 
 
-def choose_strategy(strategy: str, program: AttentionProgram, target: Target | None, seq_len: int) -> str:
-    """Resolve `auto`: the cost model's choice on `target`, `hybrid` without one."""
-    if strategy != "auto":
-        return strategy
-    if target is None:
-        return "hybrid"
+def choose_strategy(
+    strategy: str, target: Target | None, program: AttentionProgram | None = None, seq_len: int = 0
+) -> str:
+    """Resolve `auto`: the cost model's choice for `program` on `target` at `seq_len`,
+    `hybrid` without a target."""
+    if strategy != "auto" or target is None:
+        return strategy if strategy != "auto" else "hybrid"
+    if program is None:
+        raise ValueError("rope-fusion: the cost model needs the program to choose for a target")
     return model.choose(shape_of(program, seq_len), target)
 
 
@@ -133,7 +136,7 @@ class RopeFusionPass(ModulePass):
         target = get_target(self.target) if self.target is not None else None
         for function in find_functions(op):
             program = analyze(function)
-            strategy = choose_strategy(self.strategy, program, target, self.seq_len)
+            strategy = choose_strategy(self.strategy, target, program, self.seq_len)
             q_place = "prekernel" if strategy == "separate" else "kernel"
             k_place = "kernel" if strategy == "fused" else "prekernel"
             unpinned = {
