@@ -10,7 +10,7 @@ out, lse = attention(q, k, v, return_lse=True)
 Arguments follow the program's function signature (q, k, v, then its extra operands).
 On CUDA tensors the kernels run compiled; on CPU tensors through the Triton
 interpreter. Compiled programs are cached on disk, keyed by the program text, the
-pipeline, the `device` option, the versions of xDSL and Triton and a hash of the
+pipeline, the `target` option, the versions of xDSL and Triton and a hash of the
 compiler's own source.
 """
 
@@ -87,7 +87,7 @@ def _print(op: Any) -> str:
 class AttentionFunction:
     """A compiled attention program; call it like the function it declares."""
 
-    def __init__(self, text: str, filename: str, pipeline: str, device: str | None, entry: str | None) -> None:
+    def __init__(self, text: str, filename: str, pipeline: str, target: str | None, entry: str | None) -> None:
         ctx = make_context()
         module, locations = parse_module_with_locations(ctx, text, filename)
         functions = find_functions(module)
@@ -108,9 +108,9 @@ class AttentionFunction:
         self.returns_lse = len(function.function_type.outputs.data) == 2
         self.attn_ir = str(module)
         self.pipeline = pipeline
-        manager = PassManager(pipeline, device=device)
+        manager = PassManager(pipeline, target=target)
         prints = [pass_fingerprint(type(p)) for p in manager.passes]
-        key = hashlib.sha256("\n".join([text, pipeline, device or "", _versions(), *map(str, prints)]).encode()).hexdigest()
+        key = hashlib.sha256("\n".join([text, pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
         cached = cache.load(key) if None not in prints else None
         if cached is None:
             manager.run(module, ctx, locations=locations)
@@ -194,9 +194,10 @@ class AttentionFunction:
 def compile(  # noqa: A001 - the natural name, as torch.compile
     program: str | os.PathLike[str] | ModuleOp,
     pipeline: str | None = None,
-    device: str | None = None,
+    target: str | None = None,
     entry: str | None = None,
 ) -> AttentionFunction:
-    """Compile an attn program (text, a path to a .attn file, or a module)."""
+    """Compile an attn program (text, a path to a .attn file, or a module); ``target``
+    names the GPU the cost model plans for (``attnfuse.cost.known_targets()``)."""
     text, filename = _read_program(program)
-    return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, device, entry)
+    return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, target, entry)

@@ -35,6 +35,7 @@ from xdsl.utils.arg_spec import parse_spec
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from attnfuse.cost.target import get_target, known_targets
 from attnfuse.diagnostic_verifier import (
     Diagnostic,
     Expectation,
@@ -168,10 +169,31 @@ class AttnfuseOptMain(xDSLOptMain):
         )
         arg_parser.add_argument(
             "--device",
+            "--gpu",
             metavar="NAME",
-            help="target GPU for cost-model decisions (e.g. h100, h200, a100); passes "
-            "read it with attnfuse.pass_manager.current_device() "
-            "(default: $ATTNFUSE_DEVICE)",
+            help="GPU the cost model plans for (" + ", ".join(known_targets()) + "); "
+            "fills the unset 'target' option of passes (rope-fusion{strategy=auto})",
+        )
+        arg_parser.add_argument(
+            "--seq-len",
+            type=int,
+            default=0,
+            metavar="N",
+            help="sequence length the cost model plans for (default: the program's "
+            "static S, else 4096); fills the unset 'seq-len' option of passes",
+        )
+        arg_parser.add_argument(
+            "--batch",
+            type=int,
+            default=0,
+            metavar="N",
+            help="batch for --cost-report (default: 16384 tokens / S)",
+        )
+        arg_parser.add_argument(
+            "--cost-report",
+            action="store_true",
+            help="print each RoPE placement's predicted time on --device, the choice "
+            "and the crossover, instead of running the pipeline (no GPU needed)",
         )
         arg_parser.add_argument(
             "--pass-plugin",
@@ -200,13 +222,19 @@ class AttnfuseOptMain(xDSLOptMain):
             target = parse_spec(self.args.target).name
             text = DEFAULT_PIPELINE if target == "triton" else ""
         dump = self.args.print_ir_after_all or self.args.print_between_passes
+        if self.args.cost_report and self.args.device is None:
+            _fatal("--cost-report needs --device NAME", EXIT_USAGE)
+        for flag, value in (("--seq-len", self.args.seq_len), ("--batch", self.args.batch)):
+            if value < 0:
+                _fatal(f"{flag} must be >= 0, got {value}", EXIT_USAGE)
         try:
             self.pass_manager = PassManager(
                 text,
                 verify_each=not self.args.disable_verify,
                 timing=self.args.time_passes,
                 print_ir_after=self._dump_ir if dump else None,
-                device=self.args.device,
+                target=self.args.device,
+                seq_len=self.args.seq_len,
                 available=self.available_passes,
             )
         except (PipelineError, PassUnavailableError) as e:
@@ -414,6 +442,8 @@ class AttnfuseOptMain(xDSLOptMain):
                 verify_module(module)
             if timing is not None:
                 timing.add("(parse)", time.perf_counter() - start)
+            if self.args.cost_report:
+                return self._cost_report(module)
             self.pass_manager.timing = timing
             self.apply_passes(module)
             start = time.perf_counter()
@@ -431,6 +461,19 @@ class AttnfuseOptMain(xDSLOptMain):
         if timing is not None:
             timing.add("(output)", time.perf_counter() - start)
         return text
+
+    def _cost_report(self, module: ModuleOp) -> str:
+        """The ``--cost-report`` text of every attention function in ``module``."""
+        from attnfuse.cost.program_shape import shape_of  # loads the attn dialect
+        from attnfuse.cost.report import cost_report
+        from attnfuse.program import analyze, find_functions
+
+        target = get_target(self.args.device)
+        reports = []
+        for function in find_functions(module):
+            shape = shape_of(analyze(function), self.args.seq_len, self.args.batch)
+            reports.append(cost_report(function.sym_name.data, shape, target))
+        return "".join(reports)
 
     def _emit(self, module: ModuleOp) -> str:
         try:

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +27,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.arg_spec import ArgSpec, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
+from attnfuse.cost.target import UnknownTargetError, get_target
 from attnfuse.diagnostics import (
     LocatedError,
     SourceLocations,
@@ -64,14 +62,12 @@ __all__ = [
     "UnknownPassError",
     "available_passes",
     "check_prerequisites",
-    "current_device",
     "load_pass_plugin",
     "make_context",
     "pass_summary",
     "register_pass",
     "resolve_pipeline",
     "unregister_pass",
-    "use_device",
 ]
 
 # --------------------------------------------------------------------------- errors
@@ -279,30 +275,7 @@ def check_prerequisites(
     raise MissingPrerequisiteError(name, req, message)
 
 
-# ------------------------------------------------------------------ device, context
-
-_DEVICE: ContextVar[str | None] = ContextVar("attnfuse_device", default=None)
-
-
-def current_device() -> str | None:
-    """The target device for cost-model decisions (``--device``), lower-cased.
-
-    Set by :class:`PassManager` (``device=``) or :func:`use_device` while passes
-    run; otherwise the ``ATTNFUSE_DEVICE`` environment variable; otherwise None
-    (passes should then fall back to a default or detect the local GPU).
-    """
-    device = _DEVICE.get() or os.environ.get("ATTNFUSE_DEVICE") or None
-    return device.strip().lower() if device else None
-
-
-@contextmanager
-def use_device(device: str | None) -> Iterator[None]:
-    """Make :func:`current_device` return ``device`` inside the ``with`` block."""
-    token = _DEVICE.set(device)
-    try:
-        yield
-    finally:
-        _DEVICE.reset(token)
+# ----------------------------------------------------------------------- context
 
 
 def make_context(*, allow_unregistered: bool = False) -> Context:
@@ -366,14 +339,11 @@ class TimingReport:
 PrintIRCallback = Callable[[ModulePass, ModuleOp], None]
 
 
-def _with_device(p: ModulePass, device: str) -> ModulePass:
-    """Fill a pass's ``device: str | None`` option from ``--device`` if left unset."""
-    names = (
-        {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else ()
-    )
-    if "device" in names and getattr(p, "device", None) is None:
-        return dataclasses.replace(p, device=device.strip().lower())  # type: ignore[call-arg]
-    return p
+def _with_options(p: ModulePass, **values: object) -> ModulePass:
+    """Fill the options of ``p`` named in ``values`` that the pipeline left at None / 0."""
+    names = {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else set()
+    unset = {k: v for k, v in values.items() if k in names and getattr(p, k, None) in (None, 0)}
+    return dataclasses.replace(p, **unset) if unset else p  # type: ignore[type-var]
 
 
 class PassManager:
@@ -384,9 +354,10 @@ class PassManager:
     :class:`PipelineError`); :meth:`run` applies the passes in order, verifying after
     each one when ``verify_each`` (a :class:`~attnfuse.diagnostics.VerificationError`
     names the pass that broke the IR), timing them into :attr:`timing` when
-    ``timing``, calling ``print_ir_after(pass, module)`` after each pass, and with
-    :func:`current_device` returning ``device``. Passes with a ``device: str | None``
-    option that the pipeline leaves unset also get ``device`` as that option.
+    ``timing`` and calling ``print_ir_after(pass, module)`` after each pass.
+    ``target`` (a name in :func:`attnfuse.cost.known_targets`, checked here) and
+    ``seq_len`` fill the ``target`` / ``seq_len`` options of passes that have them
+    (``rope-fusion``) where the pipeline leaves them unset.
     """
 
     def __init__(
@@ -396,7 +367,8 @@ class PassManager:
         verify_each: bool = True,
         timing: bool = False,
         print_ir_after: PrintIRCallback | None = None,
-        device: str | None = None,
+        target: str | None = None,
+        seq_len: int = 0,
         available: Mapping[str, PassFactory] | None = None,
     ) -> None:
         self.available = available_passes() if available is None else dict(available)
@@ -405,11 +377,17 @@ class PassManager:
         else:
             self.passes = tuple(pipeline)
         check_prerequisites(self.passes, self.available)
-        if device is not None:
-            self.passes = tuple(_with_device(p, device) for p in self.passes)
+        if target is not None:
+            try:
+                target = get_target(target).name
+            except UnknownTargetError as e:
+                raise PipelineError(str(e)) from None
+        values = {"target": target, "seq_len": seq_len}
+        if target is not None or seq_len:
+            self.passes = tuple(_with_options(p, **values) for p in self.passes)
         self.verify_each = verify_each
         self.print_ir_after = print_ir_after
-        self.device = device
+        self.target = target
         self.timing: TimingReport | None = TimingReport() if timing else None
         self._verify_seconds = 0.0
 
@@ -431,19 +409,18 @@ class PassManager:
         locations = locations_of(module) if locations is None else locations
         self._verify_seconds = 0.0
         try:
-            with use_device(self.device if self.device is not None else _DEVICE.get()):
-                if self.verify_each and verify_input:
-                    self._verify(module, locations, "the input IR is invalid")
-                for p in self.passes:
-                    self._apply(p, module, ctx)
-                    if self.verify_each:
-                        note = f"the IR is invalid after pass '{p.name}'"
-                        try:
-                            self._verify(module, locations, note)
-                        except VerificationError as e:
-                            raise PassBrokeIRError(p.name, e) from e
-                    if self.print_ir_after is not None:
-                        self.print_ir_after(p, module)
+            if self.verify_each and verify_input:
+                self._verify(module, locations, "the input IR is invalid")
+            for p in self.passes:
+                self._apply(p, module, ctx)
+                if self.verify_each:
+                    note = f"the IR is invalid after pass '{p.name}'"
+                    try:
+                        self._verify(module, locations, note)
+                    except VerificationError as e:
+                        raise PassBrokeIRError(p.name, e) from e
+                if self.print_ir_after is not None:
+                    self.print_ir_after(p, module)
         finally:
             if self.timing is not None and self.verify_each:
                 self.timing.add("(verifier)", self._verify_seconds)

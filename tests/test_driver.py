@@ -20,6 +20,7 @@ from attnfuse.pass_manager import available_passes, unregister_pass
 ROOT = Path(__file__).parent.parent
 PLUGIN = ROOT / "tests" / "filecheck" / "driver" / "Inputs" / "plugin_passes.py"
 DROPOUT = ROOT / "examples" / "dropout.attn"
+LLAMA3 = ROOT / "examples" / "llama3.attn"
 
 GOOD = """\
 func.func @f(%a: i32) -> i32 {
@@ -220,7 +221,7 @@ def test_output_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0 and out == "" and "func.func @f" in out_path.read_text()
 
 
-def test_attn_file_and_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_attn_file_and_target(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run([str(DROPOUT)], capsys)
     assert code == 0 and "attn.dropout" in out
     code, out, _ = run(
@@ -229,13 +230,28 @@ def test_attn_file_and_device(capsys: pytest.CaptureFixture[str]) -> None:
             "--pass-plugin",
             str(PLUGIN),
             "-p",
-            "test-device",
+            "test-target",
             "--device",
             "H200",
+            "--seq-len",
+            "2048",
         ],
         capsys,
     )
-    assert code == 0 and 'test.current_device = "h200"' in out
+    assert code == 0 and 'test.target = "h200", test.seq_len = "2048"' in out
+    code, _, err = run([str(DROPOUT), "--device", "gtx480"], capsys)
+    assert code == 1 and "unknown target 'gtx480'; known targets: a100," in err
+
+
+def test_cost_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([str(LLAMA3), "--device", "rtx3090", "--seq-len", "512", "--cost-report"], capsys)
+    assert code == 0 and "@llama3 on rtx3090: B=32 Hq=32 Hkv=8 S=512" in out
+    assert "choice: fused (forward)" in out and "fused vs hybrid: fused stops winning at S = 640" in out
+    assert "attn.rope" not in out  # the report replaces the IR
+    code, _, err = run([str(LLAMA3), "--cost-report"], capsys)
+    assert code == 2 and "--cost-report needs --device NAME" in err
+    code, _, err = run([str(LLAMA3), "--device", "h200", "--seq-len", "-1", "--cost-report"], capsys)
+    assert code == 2 and "--seq-len must be >= 0" in err
 
 
 def test_triton_target_defaults_to_the_default_pipeline(

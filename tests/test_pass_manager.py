@@ -24,12 +24,10 @@ from attnfuse.pass_manager import (
     PipelineError,
     UnknownPassError,
     available_passes,
-    current_device,
     load_pass_plugin,
     make_context,
     register_pass,
     unregister_pass,
-    use_device,
 )
 from attnfuse.passes import (
     DEFAULT_PIPELINE,
@@ -299,21 +297,20 @@ def test_timing_and_print_ir_callback(plugin: list[str]) -> None:
     assert "Execution time report" in report and "(100.0%)  Total" in report
 
 
-def test_device_reaches_passes(
-    plugin: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("ATTNFUSE_DEVICE", raising=False)
+def test_target_fills_unset_options(plugin: list[str]) -> None:
     ctx, module = parse()
-    PassManager("test-device", device="H100").run(module, ctx)
-    assert module.attributes["test.current_device"] == StringAttr("h100")
-    assert module.attributes["test.device_option"] == StringAttr("h100")
-    assert current_device() is None
-    with use_device("A100"):
-        assert current_device() == "a100"
-    monkeypatch.setenv("ATTNFUSE_DEVICE", "RTX4090")
-    assert current_device() == "rtx4090"
-    pm = PassManager('test-device{device="l4"}', device="h200")
-    assert pm.pipeline == 'test-device{device="l4"}'  # explicit option wins
+    PassManager("test-target", target="H100_SXM", seq_len=512).run(module, ctx)
+    assert module.attributes["test.target"] == StringAttr("h100-sxm")  # canonical name
+    assert module.attributes["test.seq_len"] == StringAttr("512")
+    pm = PassManager('test-target{target="l4"}', target="h200")
+    assert pm.pipeline == 'test-target{target="l4"}'  # explicit option wins
+    assert PassManager("test-target").pipeline == "test-target"  # nothing filled
+    assert PassManager("rope-fusion", target="b200").pipeline == 'rope-fusion{target="b200"}'
+
+
+def test_unknown_target_lists_known_ones(plugin: list[str]) -> None:
+    with pytest.raises(PipelineError, match=r"unknown target 'gtx480'; known targets: a100, b200, .*mi300x"):
+        PassManager("test-target", target="gtx480")
 
 
 def test_make_context_dialects() -> None:

@@ -8,11 +8,11 @@ RoPE and QK-norm act on Q and K *before* the QK matmul. This pass sets each tran
 * `hybrid`: Q's inside the kernel, K's once in a generated pre-kernel, so the kernel
   reads K already transformed;
 * `separate`: both sides in generated pre-kernels (what an unfused stack does);
-* `auto`: ask the cost model (`attnfuse.cost`) for the device given to the driver with
-  `--device`; without a cost model, `hybrid`, the fastest measured on an H200 for
-  Llama-3-8B shapes at S = 2048..16384 (docs/benchmarks.md, run 10): Q is rotated once
-  per program from a cos/sin table, and the K pre-pass costs one read and write of K,
-  while `fused` rotates each K tile once per Q block that visits it.
+* `auto`: with a `target` (`rope-fusion{target=h100-sxm}`, or `attnfuse-opt --device`),
+  the placement the cost model (`attnfuse.cost`, docs/cost-model.md) predicts fastest
+  for each program at `seq-len` (0: the program's static S, else 4096; batch x S =
+  16384); without one, `hybrid`, the fastest measured on an H200 for Llama-3-8B shapes
+  at S = 512..16384 (docs/benchmarks.md, runs 11 and 13).
 
 ```mlir
 %kr = attn.rope %k {theta = 500000.0} : tensor<?x8x?x128xbf16>
@@ -39,21 +39,25 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 
 from xdsl.passes import ModulePass
 
+from attnfuse.cost import model
+from attnfuse.cost.program_shape import shape_of
+from attnfuse.cost.target import Target, get_target
 from attnfuse.dialects.attn import RopeOp
-from attnfuse.program import ProgramError, Side, analyze, find_functions
+from attnfuse.program import AttentionProgram, ProgramError, Side, analyze, find_functions
 
 STRATEGIES = ("auto", "fused", "hybrid", "separate")
 
 
-def choose_strategy(strategy: str, device: str | None) -> str:
-    """Resolve `auto` through the cost model when it is available."""
-    if strategy != "auto":
-        return strategy
-    try:
-        from attnfuse.cost import choose_rope_strategy  # type: ignore[attr-defined]
-    except ImportError:
-        return "hybrid"
-    return str(choose_rope_strategy(device))
+def choose_strategy(
+    strategy: str, target: Target | None, program: AttentionProgram | None = None, seq_len: int = 0
+) -> str:
+    """Resolve `auto`: the cost model's choice for `program` on `target` at `seq_len`,
+    `hybrid` without a target."""
+    if strategy != "auto" or target is None:
+        return strategy if strategy != "auto" else "hybrid"
+    if program is None:
+        raise ValueError("rope-fusion: the cost model needs the program to choose for a target")
+    return model.choose(shape_of(program, seq_len), target)
 
 
 def _place(side: Side, placement: str) -> None:
@@ -113,18 +117,28 @@ class RopeFusionPass(ModulePass):
     requires: ClassVar[tuple[str, ...]] = ()
 
     strategy: str = "auto"
-    device: str | None = None
+    target: str | None = None
+    """GPU the cost model plans `auto` for (`attnfuse.cost.known_targets()`)."""
+    seq_len: int = 0
+    """Sequence length `auto` plans for; 0: the program's static S, else 4096."""
+
+    def __post_init__(self) -> None:
+        if self.target is not None:
+            get_target(self.target)  # an unknown name lists the known ones
+        if self.seq_len < 0:
+            raise ValueError(f"rope-fusion: seq-len must be >= 0, got {self.seq_len}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"rope-fusion: strategy must be one of {', '.join(STRATEGIES)}, got '{self.strategy}'"
             )
-        strategy = choose_strategy(self.strategy, self.device)
-        q_place = "prekernel" if strategy == "separate" else "kernel"
-        k_place = "kernel" if strategy == "fused" else "prekernel"
+        target = get_target(self.target) if self.target is not None else None
         for function in find_functions(op):
             program = analyze(function)
+            strategy = choose_strategy(self.strategy, target, program, self.seq_len)
+            q_place = "prekernel" if strategy == "separate" else "kernel"
+            k_place = "kernel" if strategy == "fused" else "prekernel"
             unpinned = {
                 id(t) for t in program.q.transforms + program.k.transforms if t.str_option("placement") == "auto"
             }

@@ -17,7 +17,6 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from attnfuse.diagnostics import error_at
-from attnfuse.pass_manager import current_device
 
 
 def _funcs(module: ModuleOp) -> list[func.FuncOp]:
@@ -127,12 +126,13 @@ class CycleBPass(ModulePass):
 
 
 @dataclass(frozen=True)
-class DevicePass(ModulePass):
-    """Record the --device seen through current_device() and the device option."""
+class TargetPass(ModulePass):
+    """Record the `target` and `seq_len` options that --device / --seq-len fill."""
 
-    name = "test-device"
-    device: str | None = None
+    name = "test-target"
+    target: str | None = None
+    seq_len: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        op.attributes["test.current_device"] = StringAttr(current_device() or "none")
-        op.attributes["test.device_option"] = StringAttr(self.device or "none")
+        op.attributes["test.target"] = StringAttr(self.target or "none")
+        op.attributes["test.seq_len"] = StringAttr(str(self.seq_len))

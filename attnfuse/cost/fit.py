@@ -1,0 +1,127 @@
+"""Fit the model's free constants to measured placements, and score its choices.
+
+The measurements are the rows of a ``bench/run_all.py`` JSON file (docs/bench/): per
+sequence length, the time of each placement. :func:`fit` solves a weighted linear
+least-squares problem for the two constants that enter the model linearly,
+:data:`~attnfuse.cost.model.ROTATION_EXPOSURE` and 1 /
+:data:`~attnfuse.cost.model.PREKERNEL_EFFICIENCY`, on the measured differences
+``t(fused) - t(hybrid)`` and ``t(separate) - t(hybrid)`` (the attention itself cancels),
+each weighted by 1 / t(hybrid).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnfuse.cost import model
+from attnfuse.cost.model import PLACEMENTS, AttentionShape, added_work, rotation_seconds
+from attnfuse.cost.target import Target
+
+__all__ = ["Case", "Fit", "Score", "fit", "load_cases", "score"]
+
+LLAMA3_8B = AttentionShape(batch=1, q_heads=32, kv_heads=8, seq_len=2048, head_dim=128)
+"""The benchmarked program (examples/llama3.attn): GQA 32/8, head dim 128, bf16, causal."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured shape: seconds per placement, forward or forward + backward."""
+
+    shape: AttentionShape
+    backward: bool
+    seconds: tuple[tuple[str, float], ...]
+
+    @property
+    def times(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+    @property
+    def fastest(self) -> str:
+        return min(self.seconds, key=lambda kv: kv[1])[0]
+
+
+def load_cases(
+    path: str | Path, sections: Mapping[str, bool], *, block_n: int = 128, base: AttentionShape = LLAMA3_8B
+) -> list[Case]:
+    """The cases of a run_all JSON file; ``sections`` maps a section name to whether
+    it timed forward + backward; rows lacking a placement are skipped."""
+    rows: list[dict[str, Any]] = json.loads(Path(path).read_text())["rows"]
+    found: dict[tuple[str, int, int], dict[str, float]] = {}
+    for row in rows:
+        if row.get("section") in sections and row.get("name") in PLACEMENTS and "ms" in row:
+            key = (row["section"], row["seq"], row["batch"])
+            found.setdefault(key, {})[row["name"]] = row["ms"] * 1e-3
+    cases = []
+    for (section, seq, batch), times in sorted(found.items()):
+        if set(times) == set(PLACEMENTS):
+            shape = AttentionShape(**{**base.__dict__, "seq_len": seq, "batch": batch, "block_n": block_n})
+            cases.append(Case(shape, sections[section], tuple(sorted(times.items()))))
+    return cases
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted constants and the weighted RMS of the relative residuals."""
+
+    rotation_exposure: float
+    prekernel_efficiency: float
+    rms_relative: float
+
+
+def fit(cases: Iterable[Case], target: Target) -> Fit:
+    """Least-squares constants for ``target`` (see the module docstring)."""
+    import numpy as np
+
+    rows, ys = [], []
+    for case in cases:
+        t = case.times
+        base = added_work(case.shape, "hybrid")
+        unit = rotation_seconds(target, case.shape.dtype)
+        for p in ("fused", "separate"):
+            w = added_work(case.shape, p)
+            launches = (w.launches - base.launches) * model.LAUNCH_S
+            weight = 1.0 / t["hybrid"]
+            rows.append([
+                weight * unit * (w.rotated_elements - base.rotated_elements),
+                weight * (w.prekernel_bytes - base.prekernel_bytes) / target.bandwidth(),
+            ])
+            ys.append(weight * (t[p] - t["hybrid"] - launches))
+    a, y = np.array(rows), np.array(ys)
+    (exposure, inverse_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
+    rms = float(np.sqrt(np.mean((a @ np.array([exposure, inverse_eff]) - y) ** 2)))
+    return Fit(float(exposure), float(1.0 / inverse_eff), rms)
+
+
+@dataclass(frozen=True)
+class Score:
+    """How the model's choices compare with the measured-fastest placements."""
+
+    cases: int
+    hits: int
+    misses: tuple[tuple[int, bool, str, str, float], ...]
+    """(S, backward, chosen, fastest, loss = t(chosen) / t(fastest) - 1) per miss."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.cases if self.cases else 0.0
+
+    @property
+    def worst_loss(self) -> float:
+        return max((m[4] for m in self.misses), default=0.0)
+
+
+def score(cases: Iterable[Case], target: Target) -> Score:
+    """Compare :func:`~attnfuse.cost.model.choose` with the measured-fastest placement."""
+    cases = list(cases)
+    misses = []
+    for case in cases:
+        chosen = model.choose(case.shape, target, backward=case.backward)
+        if chosen != case.fastest:
+            t = case.times
+            loss = t[chosen] / t[case.fastest] - 1
+            misses.append((case.shape.seq_len, case.backward, chosen, case.fastest, loss))
+    return Score(len(cases), len(cases) - len(misses), tuple(misses))

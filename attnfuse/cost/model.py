@@ -1,0 +1,253 @@
+"""The Rotation Calculus: predicted time of each RoPE placement on a target.
+
+Every placement runs the same attention; they differ in the work they add
+(docs/cost-model.md derives each term):
+
+* ``separate``: a pre-kernel that reads and writes Q, one that reads and writes K;
+* ``hybrid``: the K pre-kernel, and Q rotated once per program in the kernel prologue;
+* ``fused``: Q as in ``hybrid``, and each K tile rotated in the kernel once per q block
+  that visits it (``gqa_pack`` query heads sharing one program share the rotation).
+
+A pre-kernel costs its bytes over :data:`PREKERNEL_EFFICIENCY` times the target's
+bandwidth, plus :data:`LAUNCH_S`. An element rotated in the kernel costs
+:func:`rotation_seconds` (FP32 vector work, a shared-memory round trip and the
+cos/sin table read from L2) times :data:`ROTATION_EXPOSURE`, the part that nothing
+overlaps. The two fitted constants come from the H200 sweep of run 11
+(:mod:`attnfuse.cost.fit`); :data:`LAUNCH_S` is an assumption (on that sweep, whose
+batch x sequence is fixed, it cannot be told apart from the pre-kernel bandwidth).
+The cos/sin table is built once per shape class, so it is reported, not charged per call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnfuse.cost.target import Target
+
+__all__ = [
+    "LAUNCH_S",
+    "PLACEMENTS",
+    "PREKERNEL_EFFICIENCY",
+    "ROTATION_EXPOSURE",
+    "AttentionShape",
+    "Work",
+    "added_work",
+    "Prediction",
+    "choose",
+    "crossover",
+    "crossover_closed_form",
+    "extra_at_tokens",
+    "predict",
+    "rotation_seconds",
+    "visited_kv_rows",
+]
+
+PLACEMENTS = ("fused", "hybrid", "separate")
+
+ROTATION_EXPOSURE = 1.144
+"""Fitted (run 11, H200): exposed in-kernel rotation time / :func:`rotation_seconds`."""
+PREKERNEL_EFFICIENCY = 0.332
+"""Fitted (run 11, H200): a pre-kernel's achieved fraction of the target's bandwidth."""
+LAUNCH_S = 3e-6
+"""Assumed GPU-side cost of one extra dependent kernel launch, seconds (not fitted)."""
+
+ROT_FLOPS = 3.0
+"""FP32 FLOPs per rotated element: x*cos + rotate_half(x)*sin (a multiply and an FMA)."""
+TABLE_BYTES = 2.0
+"""cos/sin table bytes read per rotated element (bf16, each table half-width)."""
+
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention call: sizes, mask and kernel tiles."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int
+    dtype: str = "bf16"
+    causal: bool = True
+    window: int | None = None
+    """Keys visible before each query (sliding window), None for no window."""
+    block_m: int = 128
+    block_n: int = 128
+    gqa_pack: int = 1
+    """Query heads of one GQA group that one program serves (1 in today's kernels)."""
+
+    def __post_init__(self) -> None:
+        for what in ("batch", "q_heads", "kv_heads", "seq_len", "head_dim", "block_m", "block_n", "gqa_pack"):
+            if getattr(self, what) < 1:
+                raise ValueError(f"{what} must be >= 1, got {getattr(self, what)}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads {self.q_heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.dtype not in _BYTES:
+            raise ValueError(f"dtype must be one of {', '.join(_BYTES)}, got {self.dtype}")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (the GQA group)."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def elem_bytes(self) -> int:
+        return _BYTES[self.dtype]
+
+    def with_seq_len(self, seq_len: int, *, keep_tokens: bool = False) -> AttentionShape:
+        """This shape at another S; ``keep_tokens`` keeps batch x S (at least batch 1)."""
+        batch = max(1, self.batch * self.seq_len // seq_len) if keep_tokens else self.batch
+        return AttentionShape(**{**self.__dict__, "seq_len": seq_len, "batch": batch})
+
+    def with_batch(self, batch: int) -> AttentionShape:
+        """This shape with another batch."""
+        return AttentionShape(**{**self.__dict__, "batch": batch})
+
+
+def visited_kv_rows(shape: AttentionShape) -> int:
+    """Key rows one (batch, query head) program sequence loads: summed over q blocks,
+    whole key tiles, causal / window tiles skipped as mask-tiling skips them."""
+    s, bm, bn = shape.seq_len, shape.block_m, shape.block_n
+    rows = 0
+    for i in range(math.ceil(s / bm)):
+        hi = min(s, (i + 1) * bm) if shape.causal else s
+        lo = max(0, i * bm - shape.window) if shape.window is not None else 0
+        rows += min(s, math.ceil(hi / bn) * bn) - (lo // bn) * bn
+    return rows
+
+
+def rotation_seconds(target: Target, dtype: str = "bf16") -> float:
+    """Time to rotate one element in the kernel, before exposure: FP32 work, a
+    shared-memory read and write of the element, the table read from L2."""
+    b = _BYTES[dtype]
+    return ROT_FLOPS / target.vector_f32_flops + 2 * b / target.smem_bw + TABLE_BYTES / target.l2_bw
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds of one placement, split by where the time goes."""
+
+    placement: str
+    attention: float
+    """The attention itself at the target's matmul rate (the same for every placement)."""
+    prekernels: float
+    in_kernel_rotation: float
+    backward_transforms: float
+    """Rotation (and its transpose) pre/post-kernels of the backward: every placement."""
+    table_build: float
+    """One-time cos/sin table build per shape class (not in :attr:`total`)."""
+
+    @property
+    def extra(self) -> float:
+        """Seconds this placement adds to the attention, forward."""
+        return self.prekernels + self.in_kernel_rotation
+
+    @property
+    def total(self) -> float:
+        return self.attention + self.extra + self.backward_transforms
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a placement adds to the forward attention, before any rate is applied."""
+
+    rotated_elements: int
+    """Elements rotated inside the attention kernel."""
+    prekernel_bytes: int
+    """Bytes the pre-kernels read and write."""
+    launches: int
+    """Extra kernel launches."""
+
+
+def added_work(shape: AttentionShape, placement: str) -> Work:
+    """The forward work ``placement`` adds (see the module docstring)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got '{placement}'")
+    b, hq, hkv, s, d = shape.batch, shape.q_heads, shape.kv_heads, shape.seq_len, shape.head_dim
+    per_head = 2 * b * s * d * shape.elem_bytes  # one read and one write of a head
+    if placement == "separate":
+        return Work(0, per_head * (hq + hkv), 2)
+    q_rotation = b * hq * s * d
+    if placement == "hybrid":
+        return Work(q_rotation, per_head * hkv, 1)
+    k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(shape) * d
+    return Work(q_rotation + k_visits, 0, 0)
+
+
+def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
+    """(pre-kernel seconds, exposed in-kernel rotation seconds) of ``work``."""
+    pre = work.prekernel_bytes / (PREKERNEL_EFFICIENCY * target.bandwidth()) + work.launches * LAUNCH_S
+    rotation = ROTATION_EXPOSURE * rotation_seconds(target, shape.dtype) * work.rotated_elements
+    return pre, rotation
+
+
+def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False) -> Prediction:
+    """Predicted time of ``placement`` (forward, or forward + backward)."""
+    b, hq, hkv, s, d = shape.batch, shape.q_heads, shape.kv_heads, shape.seq_len, shape.head_dim
+    flops = 4.0 * b * hq * min(shape.block_m, s) * visited_kv_rows(shape) * d  # whole tiles
+    attention = flops / target.matmul_flops(shape.dtype) * (3.5 if backward else 1.0)
+    pre, rotation = _seconds(added_work(shape, placement), shape, target)
+    bwd = 0.0
+    if backward:  # Q and K rotated before, dQ and dK rotated back after the backward kernels
+        bwd_work = Work(0, 2 * added_work(shape, "separate").prekernel_bytes, 4)
+        bwd = _seconds(bwd_work, shape, target)[0]
+    table = s * d / target.sfu_ops + s * d * 2 / target.bandwidth()
+    return Prediction(placement, attention, pre, rotation, bwd, table)
+
+
+def choose(shape: AttentionShape, target: Target, *, backward: bool = False) -> str:
+    """The placement with the smallest predicted time (ties: the earlier in PLACEMENTS)."""
+    return min(PLACEMENTS, key=lambda p: predict(shape, target, p, backward=backward).total)
+
+
+def extra_at_tokens(shape: AttentionShape, target: Target, placement: str, seq_len: int) -> float:
+    """Forward seconds ``placement`` adds at ``seq_len`` with batch x S held at the
+    shape's tokens (the batch may come out fractional: work scales, launches do not)."""
+    one = predict(shape.with_seq_len(seq_len).with_batch(1), target, placement).extra
+    two = predict(shape.with_seq_len(seq_len).with_batch(2), target, placement).extra
+    per_sequence, fixed = two - one, 2 * one - two
+    return shape.batch * shape.seq_len / seq_len * per_sequence + fixed
+
+
+def crossover(
+    shape: AttentionShape, target: Target, a: str = "fused", b: str = "hybrid", *, hi: int = 1 << 22
+) -> int | None:
+    """The smallest S, a multiple of ``block_m`` (batch x S held fixed), at which ``a``
+    no longer beats ``b`` in the forward, by bisection on the predicted times; None if
+    ``a`` beats ``b`` nowhere or everywhere on [block_m, hi]."""
+    bm = shape.block_m
+
+    def a_wins(blocks: int) -> bool:
+        s = blocks * bm
+        return extra_at_tokens(shape, target, a, s) < extra_at_tokens(shape, target, b, s)
+
+    lo, up = 1, max(1, hi // bm)
+    if not a_wins(lo) or a_wins(up):
+        return None
+    while up - lo > 1:
+        mid = (lo + up) // 2
+        lo, up = (mid, up) if a_wins(mid) else (lo, mid)
+    return up * bm
+
+
+def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybrid") -> float:
+    """The crossover of ``fused`` against ``b`` for a causal mask without window, in
+    closed form (docs/cost-model.md), with launches spread over batch x S tokens.
+
+    ``fused`` adds ``E c Hq/P (S/BM + 1)/2`` per token and head dim (K visits) while
+    ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch; ``separate``
+    also the Q pre-kernel and a launch, less the Q rotation that ``fused`` keeps.
+    """
+    if not shape.causal or shape.window is not None:
+        raise ValueError("the closed form covers causal masks without a window")
+    n, d, hq, hkv = shape.batch * shape.seq_len, shape.head_dim, shape.q_heads, shape.kv_heads
+    c = ROTATION_EXPOSURE * rotation_seconds(target, shape.dtype)
+    bw = PREKERNEL_EFFICIENCY * target.bandwidth()
+    pre = 2 * hkv * shape.elem_bytes / bw + LAUNCH_S / (n * d)
+    if b == "separate":
+        pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c * hq
+    elif b != "hybrid":
+        raise ValueError(f"b must be hybrid or separate, got '{b}'")
+    return shape.block_m * (2 * shape.gqa_pack * pre / (c * hq) - 1)

@@ -1,0 +1,67 @@
+"""The :class:`~attnfuse.cost.model.AttentionShape` of an attention program.
+
+Heads, head dim and dtype come from the program's types; the mask from its
+``attn.mask`` ops (causal, or a sliding window looking back); sequence length and
+batch, which programs leave dynamic, from the caller.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, TensorType
+
+from attnfuse.cost.model import AttentionShape
+from attnfuse.dialects.attn import MaskOp
+from attnfuse.passes.mask_tiling import default_block_n
+from attnfuse.program import AttentionProgram
+
+__all__ = ["BENCH_TOKENS", "DEFAULT_SEQ_LEN", "shape_of"]
+
+DEFAULT_SEQ_LEN = 4096
+"""S assumed when neither the program nor the caller fixes it (Llama-3-8B training)."""
+BENCH_TOKENS = 16384
+"""batch x S assumed when the caller gives no batch (docs/benchmarks.md's convention)."""
+
+_DTYPES = ((BFloat16Type, "bf16"), (Float16Type, "f16"), (Float32Type, "f32"))
+
+
+def _mask(program: AttentionProgram) -> tuple[bool, int | None]:
+    """(causal, window) of the program's masks; other masks count as full."""
+    causal, window = False, None
+    for op in program.score_ops:
+        if not isinstance(op, MaskOp):
+            continue
+        kind = op.kind_name
+        if kind in ("causal", "prefix_lm"):
+            causal = True
+        elif kind == "sliding_window":
+            left, right = op.option("left"), op.option("right")
+            causal |= right is not None and int(right) == 0
+            window = None if left is None else int(left)
+    return causal, window
+
+
+def shape_of(
+    program: AttentionProgram, seq_len: int = 0, batch: int = 0, *, block_m: int = 128, block_n: int = 0
+) -> AttentionShape:
+    """The shape of ``program`` at ``seq_len`` (0: the program's static S, else
+    :data:`DEFAULT_SEQ_LEN`) and ``batch`` (0: :data:`BENCH_TOKENS` / S, at least 1)."""
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    dims = q_type.get_shape()
+    hq, hkv, _ = program.heads
+    if not seq_len:
+        seq_len = dims[2] if dims[2] > 0 else DEFAULT_SEQ_LEN
+    dtype = next((name for kind, name in _DTYPES if isinstance(q_type.element_type, kind)), "f32")
+    causal, window = _mask(program)
+    return AttentionShape(
+        batch=batch or max(1, BENCH_TOKENS // seq_len),
+        q_heads=hq,
+        kv_heads=hkv,
+        seq_len=seq_len,
+        head_dim=dims[3],
+        dtype=dtype,
+        causal=causal,
+        window=window,
+        block_m=block_m,
+        block_n=block_n or default_block_n(program),
+    )

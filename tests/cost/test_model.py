@@ -1,0 +1,115 @@
+"""The cost model's algebra: units, limits, monotonicity, crossover consistency."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attnfuse.cost import model
+from attnfuse.cost.model import AttentionShape, added_work, crossover, crossover_closed_form, predict, visited_kv_rows
+from attnfuse.cost.target import TARGETS, get_target
+
+H200 = get_target("h200")
+LLAMA = AttentionShape(batch=4, q_heads=32, kv_heads=8, seq_len=4096, head_dim=128)
+
+
+def at(shape: AttentionShape, **changes: object) -> AttentionShape:
+    return dataclasses.replace(shape, **changes)
+
+
+def test_visited_rows_match_the_tile_plan() -> None:
+    full = at(LLAMA, causal=False, seq_len=1024)
+    assert visited_kv_rows(full) == 8 * 1024  # 8 q blocks x all keys
+    causal = at(LLAMA, seq_len=1024)
+    assert visited_kv_rows(causal) == 128 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8)  # halved, plus the diagonal
+    window = at(LLAMA, seq_len=1024, window=255)
+    assert visited_kv_rows(window) == 128 * (1 + 2 + 3) + 5 * 384  # at most 3 tiles per q block
+    assert visited_kv_rows(at(causal, block_n=64)) == visited_kv_rows(causal)
+
+
+def test_added_work_counts_bytes_and_rotations() -> None:
+    n_head = LLAMA.batch * LLAMA.seq_len * LLAMA.head_dim  # elements of one head
+    assert added_work(LLAMA, "separate") == model.Work(0, 2 * 2 * n_head * 40, 2)
+    assert added_work(LLAMA, "hybrid") == model.Work(32 * n_head, 2 * 2 * n_head * 8, 1)
+    fused = added_work(LLAMA, "fused")
+    assert fused.prekernel_bytes == 0 and fused.launches == 0
+    assert fused.rotated_elements == 32 * n_head + LLAMA.batch * 32 * visited_kv_rows(LLAMA) * 128
+    packed = added_work(at(LLAMA, gqa_pack=4), "fused")
+    assert packed.rotated_elements - 32 * n_head == (fused.rotated_elements - 32 * n_head) // 4
+
+
+def test_units_scale_with_work() -> None:
+    """Seconds: doubling the batch doubles every added time but the launches."""
+    for p in model.PLACEMENTS:
+        one, two = predict(LLAMA, H200, p), predict(at(LLAMA, batch=8), H200, p)
+        launches = added_work(LLAMA, p).launches * model.LAUNCH_S
+        assert two.extra - launches == pytest.approx(2 * (one.extra - launches))
+        assert two.attention == pytest.approx(2 * one.attention)
+    # the attention floor: causal FLOPs (whole tiles) at the measured 790 TFLOP/s
+    flops = 4 * 4 * 32 * 128 * visited_kv_rows(LLAMA) * 128
+    assert predict(LLAMA, H200, "hybrid").attention == pytest.approx(flops / 790e12)
+
+
+def test_limits() -> None:
+    """Infinite bandwidth: pre-kernels cost only launches; infinite vector/shared/L2
+    rates: in-kernel rotation is free and fused wins."""
+    fast_mem = dataclasses.replace(H200, measured_hbm_bw=float("inf"))
+    assert predict(LLAMA, fast_mem, "separate").prekernels == pytest.approx(2 * model.LAUNCH_S)
+    fast_alu = dataclasses.replace(H200, vector_f32_flops=float("inf"), smem_bw=float("inf"), l2_bw=float("inf"))
+    assert predict(LLAMA, fast_alu, "fused").extra == 0.0
+    assert model.choose(LLAMA, fast_alu) == "fused"
+    assert model.choose(LLAMA, fast_mem) != "fused"
+
+
+def test_monotonic_in_s_bandwidth_and_group() -> None:
+    seqs = [256, 512, 1024, 2048, 4096, 8192, 16384]
+    fused = [predict(at(LLAMA, seq_len=s), H200, "fused").extra for s in seqs]
+    assert fused == sorted(fused) and len(set(fused)) == len(fused)
+    # fused's gap to hybrid grows with S (tokens fixed), pre-kernels' shrink with bandwidth
+    gaps = [model.extra_at_tokens(LLAMA, H200, "fused", s) - model.extra_at_tokens(LLAMA, H200, "hybrid", s) for s in seqs]
+    assert gaps == sorted(gaps)
+    pre = [predict(LLAMA, dataclasses.replace(H200, measured_hbm_bw=bw), "separate").prekernels for bw in (1e12, 2e12, 4e12)]
+    assert pre == sorted(pre, reverse=True)
+    # a larger GQA group (fewer KV heads) makes the K pre-kernel cheaper: the crossover falls
+    crossings = [crossover_closed_form(at(LLAMA, kv_heads=32 // g), H200) for g in (1, 2, 4, 8)]
+    assert crossings == sorted(crossings, reverse=True)
+    # and so does a lower bandwidth-to-vector ratio; a larger block_m raises it
+    assert crossover_closed_form(at(LLAMA, block_m=64), H200) < crossover_closed_form(LLAMA, H200)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+@pytest.mark.parametrize("other", ["hybrid", "separate"])
+def test_crossover_consistency(name: str, other: str) -> None:
+    """At the closed-form S* the predicted added times are equal; the bisection lands
+    on the first multiple of block_m at or above it."""
+    target = TARGETS[name]
+    s_star = crossover_closed_form(LLAMA, target, other)
+    tokens = LLAMA.batch * LLAMA.seq_len
+    unit = model.ROTATION_EXPOSURE * model.rotation_seconds(target)
+    # fused - other at fixed tokens, continuous in S (rows = S (S/BM + 1) / 2)
+    hq, d = LLAMA.q_heads, LLAMA.head_dim
+    fused = unit * tokens * hq * d * (1 + (s_star / LLAMA.block_m + 1) / 2)
+    bw = model.PREKERNEL_EFFICIENCY * target.bandwidth()
+    kv = 2 * tokens * LLAMA.kv_heads * d * 2 / bw + model.LAUNCH_S
+    rest = unit * tokens * hq * d if other == "hybrid" else 2 * tokens * hq * d * 2 / bw + model.LAUNCH_S
+    assert fused == pytest.approx(kv + rest, rel=1e-9)
+    found = crossover(LLAMA, target, "fused", other)
+    assert found is not None and found - LLAMA.block_m < s_star <= found
+
+
+def test_crossover_absent_when_fused_never_loses() -> None:
+    """A window bounds the keys each q block visits: fused's cost stops growing."""
+    free = dataclasses.replace(H200, vector_f32_flops=float("inf"), smem_bw=float("inf"), l2_bw=float("inf"))
+    assert crossover(LLAMA, free) is None
+    with pytest.raises(ValueError, match="causal masks without a window"):
+        crossover_closed_form(at(LLAMA, window=1024), H200)
+
+
+def test_shape_checks() -> None:
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        AttentionShape(batch=1, q_heads=32, kv_heads=6, seq_len=128, head_dim=128)
+    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+        at(LLAMA, seq_len=0)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        predict(LLAMA, H200, "inline")

@@ -1,0 +1,40 @@
+"""rope-fusion{strategy=auto} asks the cost model when given a target."""
+
+from __future__ import annotations
+
+import pytest
+from xdsl.dialects.builtin import ModuleOp
+
+from attnfuse import examples
+from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.pass_manager import PassManager, PipelineError, make_context
+
+
+def placements(pipeline: str, **kwargs: object) -> list[str]:
+    ctx = make_context()
+    module, _ = parse_module_with_locations(ctx, examples.path("llama3").read_text(), "llama3.attn")
+    assert isinstance(module, ModuleOp)
+    PassManager(pipeline, **kwargs).run(module, ctx)  # type: ignore[arg-type]
+    return [op.str_option("placement") for op in module.walk() if op.name == "attn.rope"]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "kwargs", "expected"),
+    [
+        ("attn-canonicalize,rope-fusion", {}, ["kernel", "prekernel"]),  # no target: hybrid
+        ("attn-canonicalize,rope-fusion", {"target": "h200", "seq_len": 256}, ["kernel", "kernel"]),
+        ("attn-canonicalize,rope-fusion", {"target": "h200", "seq_len": 8192}, ["kernel", "prekernel"]),
+        ("attn-canonicalize,rope-fusion{target=h200 seq-len=256}", {}, ["kernel", "kernel"]),
+        ("attn-canonicalize,rope-fusion{target=l4 seq-len=1024}", {}, ["kernel", "kernel"]),
+        ("attn-canonicalize,rope-fusion{strategy=separate}", {"target": "h200", "seq_len": 256}, ["prekernel", "prekernel"]),
+    ],
+)
+def test_auto_placement(pipeline: str, kwargs: dict[str, object], expected: list[str]) -> None:
+    assert placements(pipeline, **kwargs) == expected
+
+
+def test_bad_options_are_rejected_before_running() -> None:
+    with pytest.raises(PipelineError, match="unknown target 'v100'; known targets: a100"):
+        PassManager("attn-canonicalize,rope-fusion{target=v100}")
+    with pytest.raises(PipelineError, match="seq-len must be >= 0"):
+        PassManager("rope-fusion{seq-len=-1}")
