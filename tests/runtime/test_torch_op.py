@@ -16,6 +16,7 @@ import attnfuse
 from attnfuse import reference
 from attnfuse.testing import assert_close, max_error
 
+# the program of docs/pytorch.md (one compile serves both tests)
 PROGRAM = """
 func.func @gqa(%q: tensor<?x4x?x32xf32>, %k: tensor<?x2x?x32xf32>, %v: tensor<?x2x?x32xf32>) -> tensor<?x4x?x32xf32> {
   %s = attn.scores %q, %k : tensor<?x4x?x32xf32>, tensor<?x2x?x32xf32> -> !attn.scores<?x4x?x?xf32>
@@ -98,12 +99,11 @@ def test_compiled_gradients_match_the_reference(fn: attnfuse.AttentionFunction) 
     assert lse.shape == (2, 4, 19) and lse.dtype == torch.float32
 
 
-def test_opcheck(fn: attnfuse.AttentionFunction) -> None:
-    """Schema, autograd registration, fake tensors and AOT dispatch (dynamic shapes), for
-    the forward op and for the backward op it calls."""
+def test_opcheck_backward(fn: attnfuse.AttentionFunction) -> None:
+    """The backward op's schema and fake implementation. (The forward op passes all of
+    opcheck's sub-checks: tests/runtime/test_pytorch_doc.py runs that snippet of
+    docs/pytorch.md.)"""
     args = inputs(length=9, grad=True)
-    result = torch.library.opcheck(fn.ops.forward, tuple(args))
-    assert set(result.values()) == {"SUCCESS"}, result
     out, lse = fn.ops.forward(*[a.detach() for a in args])
     assert fn.ops.backward is not None
     backward_args = (*[a.detach() for a in args], out, lse, torch.randn_like(out), torch.randn_like(lse))
