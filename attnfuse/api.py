@@ -40,8 +40,9 @@ from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
 from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
 from attnfuse.runtime import cache
 from attnfuse.runtime.checks import ArgumentChecker, AttnfuseArgumentError, Parameter, torch_dtype
-from attnfuse.runtime.host import HostProgram, call_signature
+from attnfuse.runtime.host import HostProgram
 from attnfuse.runtime.op import OpSignature, Ops, define_ops
+from attnfuse.runtime.runner import Runner
 
 __all__ = ["AttentionFunction", "AttnfuseArgumentError", "Parameter", "compile"]
 
@@ -165,10 +166,10 @@ class AttentionFunction:
             grad_of=tuple(self._grad_of),
             no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
         )
-        self.ops: Ops = define_ops(self.op_signature, self._checker, self._forward,
-                                   self.gradients if self._backward is not None else None,
-                                   state=(self._host, self._backward))
-        self._host, self._backward = self.ops.state  # the same program compiled before: share its plans
+        runner = Runner(self._host, self._backward, self._checker, self._grad_of)
+        self.ops: Ops
+        self.ops, self._runner = define_ops(self.op_signature, runner)
+        self._host, self._backward = self._runner.host, self._runner.backward  # shared with a live twin
         self._op = self.ops.forward
 
     # ------------------------------------------------------------------ calling
@@ -194,26 +195,12 @@ class AttentionFunction:
 
     def _forward(self, args: Sequence[Any]) -> list[Any]:
         """The forward host program on arguments whose scalars are converted."""
-        signature = call_signature(args)
-        plan = self._host.plan(signature)
-        if plan is not None:
-            return plan.run(args)
-        return self._host.build(args, signature, self._checker.check(args))
+        return self._runner.forward(args)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
         """Run the compiled backward: one gradient per argument (None where there is none)."""
-        assert self._backward is not None
-        if d_lse is None:
-            d_lse = torch.zeros_like(lse)
-        full = [*self._checker.scalars(args), out, lse, d_out, d_lse]
-        signature = call_signature(full)
-        plan = self._backward.plan(signature)
-        results = plan.run(full) if plan is not None else self._backward.build(full, signature, out.device)
-        grads: list[torch.Tensor | None] = [None] * len(self.parameters)
-        for index, grad in zip(self._grad_of, results):
-            grads[index] = grad
-        return grads
+        return self._runner.gradients(args, out, lse, d_out, d_lse)
 
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""

@@ -24,26 +24,23 @@ import keyword
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from xdsl.dialects.builtin import IntegerType, TensorType
 
-from attnfuse.runtime.checks import ArgumentChecker, Parameter
+from attnfuse.runtime.checks import Parameter
+from attnfuse.runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "attnfuse"
 """The `torch.library` namespace of every AttnFuse op (`torch.ops.attnfuse`)."""
 
-Forward = Callable[[Sequence[Any]], Sequence[torch.Tensor]]
-Backward = Callable[[Sequence[Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
-                    list[torch.Tensor | None]]
-
 _lock = threading.Lock()
-_defined: dict[str, Ops] = {}
+_defined: dict[str, _Entry] = {}
 _BACKWARD_NAMES = ("fwd_out", "fwd_lse", "grad_out", "grad_lse")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -98,32 +95,52 @@ class Ops:
 
     forward: torch._ops.OpOverload
     backward: torch._ops.OpOverload | None
-    state: Any = None
-    """What the first definer passed as `state`: the run-time state (host programs,
-    launch plans) the ops run on, which later compilations of the program share."""
 
 
-def define_ops(signature: OpSignature, checker: ArgumentChecker, forward: Forward,
-               backward: Backward | None, state: Any = None) -> Ops:
-    """The ops of a compiled program, registered on first use (see the module docstring):
-    a program compiled again gets the ops, and the `state`, of its first compilation."""
+class _Entry:
+    """A registered program: its ops and, weakly, the runner they call."""
+
+    __slots__ = ("ops", "runner")
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = weakref.ref(runner)
+        self.ops: Ops
+
+    def live(self, name: str) -> Runner:
+        runner = self.runner()
+        if runner is None:
+            raise RuntimeError(f"@{name}: every compiled function of this program was garbage collected; "
+                               "compile it again (attnfuse.compile) before calling its op")
+        return runner
+
+
+def define_ops(signature: OpSignature, runner: Runner) -> tuple[Ops, Runner]:
+    """The ops of a compiled program, registered on first use (see the module docstring),
+    and the runner they call: `runner`, or the one of a live earlier compilation of the
+    same program (whose launch plans are then shared). The ops hold their runner weakly,
+    so a program's kernels and plans go when its last compiled function does."""
     with _lock:
-        ops = _defined.get(signature.op_name)
-        if ops is None:
-            ops = replace(_define(signature, checker, forward, backward), state=state)
-            _defined[signature.op_name] = ops
+        entry = _defined.get(signature.op_name)
+        if entry is None:
+            entry = _Entry(runner)
+            entry.ops = _define(signature, runner, entry)
+            _defined[signature.op_name] = entry
             logger.debug("registered torch op %s::%s", NAMESPACE, signature.op_name)
-        return ops
+        live = entry.runner()
+        if live is None:
+            entry.runner = weakref.ref(runner)
+            live = runner
+        return entry.ops, live
 
 
-def _define(signature: OpSignature, checker: ArgumentChecker, forward: Forward,
-            backward: Backward | None) -> Ops:
+def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
     forward_schema, backward_schema = signature.schema()
     qualname = f"{NAMESPACE}::{signature.op_name}"
+    checker = runner.checker  # the same checks for every compilation of the program
     q_index = checker.qkv[0]
 
     def run_forward(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = forward(args)[:2]
+        out, lse = entry.live(signature.name).forward(args)[:2]
         return out, lse
 
     def fake_forward(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +152,7 @@ def _define(signature: OpSignature, checker: ArgumentChecker, forward: Forward,
 
     forward_op = torch.library.custom_op(qualname, run_forward, mutates_args=(), schema=forward_schema)
     forward_op.register_fake(fake_forward)
-    if backward is None:
+    if runner.backward is None:
         reason = signature.no_backward or "it was compiled without lower-backward"
 
         def no_gradient(ctx: Any, *grads: Any) -> Any:
@@ -146,7 +163,7 @@ def _define(signature: OpSignature, checker: ArgumentChecker, forward: Forward,
 
     def run_backward(*args: Any) -> list[torch.Tensor]:
         *inputs, out, lse, d_out, d_lse = args
-        grads = backward(inputs, out, lse, d_out, d_lse)
+        grads = entry.live(signature.name).gradients(inputs, out, lse, d_out, d_lse)
         return [grads[i] for i in signature.grad_of]  # type: ignore[misc]
 
     def fake_backward(*args: Any) -> list[torch.Tensor]:

@@ -156,3 +156,24 @@ def test_no_backward_is_a_clear_error() -> None:
         out.sum().backward()
     with torch.no_grad():
         assert forward_only(q, k, v).shape == (2, 4, 19, 32)
+
+
+def test_ops_hold_their_program_weakly() -> None:
+    """A program's kernels and plans go with its last compiled function; compiling it
+    again revives its op."""
+    import gc
+    import weakref
+
+    text = PROGRAM.replace("@gqa", "@gqa_weak")
+    fn_ = attnfuse.compile(text)
+    op, runner = fn_.ops.forward, weakref.ref(fn_._runner)  # noqa: SLF001
+    args = inputs(length=5)
+    expected = fn_(*args)
+    del fn_
+    gc.collect()
+    assert runner() is None
+    with pytest.raises(RuntimeError, match="@gqa_weak: every compiled function of this program was garbage collected"):
+        op(*args)
+    again = attnfuse.compile(text)
+    assert again.ops.forward == op
+    torch.testing.assert_close(op(*args)[0], expected, rtol=0, atol=0)
