@@ -14,7 +14,7 @@ the host code and the kernels' metadata), so two compilations of one program sha
 The forward op's autograd formula (`register_autograd`) saves the inputs, out and lse
 and calls the backward op, so a compiled graph contains both ops as single nodes: dynamo
 never traces into the loader or Triton's interpreter. Tensor arguments become `Tensor`,
-integer scalars (dropout seeds) `SymInt`. A program without a backward gets a formula
+integer scalars (dropout seeds) `SymInt`, float scalars (score_mod captures) `float`. A program without a backward gets a formula
 that raises its reason.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from xdsl.dialects.builtin import IntegerType, TensorType
+from xdsl.dialects.builtin import AnyFloat, IntegerType, TensorType
 
 from attnfuse.runtime.checks import Parameter
 from attnfuse.runtime.runner import Runner
@@ -86,6 +86,8 @@ def _schema_type(param: Parameter) -> str:
         return "Tensor"
     if isinstance(param.type, IntegerType):
         return "SymInt"
+    if isinstance(param.type, AnyFloat):
+        return "float"
     raise TypeError(f"argument {param.index} '{param.name}': no torch.library type for {param.type}")
 
 
