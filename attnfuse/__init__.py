@@ -10,10 +10,15 @@ CUDA tensors run compiled kernels; CPU tensors run the same kernels through the 
 interpreter, whatever `TRITON_INTERPRET` says (importing AttnFuse changes no environment
 variable). The package imports torch and triton lazily, so the `attnfuse-opt` driver
 starts fast.
+
+Compile, cache, load and launch-plan events are `logging` debug records of the
+`attnfuse` logger (`logging.getLogger("attnfuse").setLevel(logging.DEBUG)` with a
+handler to see them); nothing is printed by default.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AttentionFunction", "AttnfuseArgumentError", "compile"]
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # a library: no output unless asked
 
 
 def __getattr__(name: str) -> Any:

@@ -19,14 +19,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, TensorType
 from xdsl.printer import Printer
 
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
@@ -37,13 +39,16 @@ from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
 from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
 from attnfuse.runtime import cache
-from attnfuse.runtime.autograd import Differentiable
-from attnfuse.runtime.checks import ArgumentChecker, AttnfuseArgumentError, Parameter
-from attnfuse.runtime.host import HostProgram, call_signature
+from attnfuse.runtime.checks import ArgumentChecker, AttnfuseArgumentError, Parameter, torch_dtype
+from attnfuse.runtime.host import HostProgram
+from attnfuse.runtime.op import OpSignature, Ops, define_ops
+from attnfuse.runtime.runner import Runner
 
 __all__ = ["AttentionFunction", "AttnfuseArgumentError", "Parameter", "compile"]
 
 _VERSION = "0.1.0"
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -112,7 +117,9 @@ class AttentionFunction:
         prints = [pass_fingerprint(type(p)) for p in manager.passes]
         key = hashlib.sha256("\n".join([text, pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
         cached = cache.load(key) if None not in prints else None
+        logger.debug("@%s: disk cache %s (key %s)", self.name, "hit" if cached else "miss", key[:16])
         if cached is None:
+            start = time.perf_counter()
             manager.run(module, ctx, locations=locations)
             kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
             host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
@@ -122,6 +129,7 @@ class AttentionFunction:
                 kernels={k.sym_name.data: kernel_metadata(k) for k in kernels},
             )
             self.lowered_ir = str(module)
+            logger.debug("@%s: ran %s in %.3f s", self.name, pipeline, time.perf_counter() - start)
             if None not in prints:
                 cache.store(key, compiled)
         else:
@@ -143,45 +151,56 @@ class AttentionFunction:
             grad_of = backward.attributes["attnfuse.grad_of"]
             assert isinstance(grad_of, ArrayAttr)
             self._grad_of = [int(a.value.data) for a in grad_of.data]  # type: ignore[attr-defined]
+        out_type = function.function_type.outputs.data[0]
+        assert isinstance(out_type, TensorType)
+        _, heads, _, dim = out_type.get_shape()
+        self.op_signature = OpSignature(
+            name=self.name,
+            digest=hashlib.sha256(
+                "\n".join([self.name, compiled.source, compiled.host, repr(sorted(metadata.items()))]).encode()
+            ).hexdigest(),
+            parameters=tuple(self.parameters),
+            out_dtype=torch_dtype(out_type.element_type),
+            out_heads=heads,
+            out_dim=dim,
+            grad_of=tuple(self._grad_of),
+            no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
+        )
+        runner = Runner(self._host, self._backward, self._checker, self._grad_of)
+        self.ops: Ops
+        self.ops, self._runner = define_ops(self.op_signature, runner)
+        self._host, self._backward = self._runner.host, self._runner.backward  # shared with a live twin
+        self._op = self.ops.forward
 
     # ------------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, return_lse: bool = False) -> Any:
-        """Run the program; differentiable when any tensor argument requires grad."""
+        """Run the program through its custom op (`self.ops.forward`); differentiable
+        when any tensor argument requires grad."""
         args = self._checker.scalars(args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            if self._backward is None:
-                why = self._no_backward or "it was compiled without lower-backward"
-                raise RuntimeError(f"@{self.name} has no gradient: {why}")
-            out, lse = Differentiable.apply(self, *args)
-        else:
-            out, lse = self._forward(args)[:2]
+        if (self._backward is None and torch.is_grad_enabled()
+                and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+            raise RuntimeError(f"@{self.name} has no gradient: {self.op_signature.no_backward}")
+        try:
+            out, lse = self._op(*args)
+        except (RuntimeError, TypeError):
+            try:  # arguments the op's schema rejects: say which and why
+                self._checker.check(args)
+            except AttnfuseArgumentError as bad:
+                raise bad from None
+            raise
         if return_lse or self.returns_lse:
             return out, lse
         return out
 
     def _forward(self, args: Sequence[Any]) -> list[Any]:
         """The forward host program on arguments whose scalars are converted."""
-        signature = call_signature(args)
-        plan = self._host.plan(signature)
-        if plan is not None:
-            return plan.run(args)
-        return self._host.build(args, signature, self._checker.check(args))
+        return self._runner.forward(args)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
         """Run the compiled backward: one gradient per argument (None where there is none)."""
-        assert self._backward is not None
-        if d_lse is None:
-            d_lse = torch.zeros_like(lse)
-        full = [*self._checker.scalars(args), out, lse, d_out, d_lse]
-        signature = call_signature(full)
-        plan = self._backward.plan(signature)
-        results = plan.run(full) if plan is not None else self._backward.build(full, signature, out.device)
-        grads: list[torch.Tensor | None] = [None] * len(self.parameters)
-        for index, grad in zip(self._grad_of, results):
-            grads[index] = grad
-        return grads
+        return self._runner.gradients(args, out, lse, d_out, d_lse)
 
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""

@@ -35,6 +35,7 @@ from xdsl.utils.arg_spec import parse_spec
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from attnfuse import examples
 from attnfuse.cost.target import get_target, known_targets
 from attnfuse.diagnostic_verifier import (
     Diagnostic,
@@ -127,6 +128,14 @@ class AttnfuseOptMain(xDSLOptMain):
             super().__init__(description, argv)
         except ArgSpecParseError as e:  # a BaseException in xDSL: catch explicitly
             _fatal(f"invalid -t/-f specification: {describe_spec_error(e)}", EXIT_USAGE)
+        if self.args.example is not None:
+            if self.args.input_file is not None:
+                _fatal(f"give an input file or --example, not both (got '{self.args.input_file}' "
+                       f"and --example {self.args.example})", EXIT_USAGE)
+            try:
+                self.args.input_file = str(examples.path(self.args.example))
+            except FileNotFoundError as e:
+                _fatal(str(e), EXIT_USAGE)
 
     # ---------------------------------------------------------------- registration
 
@@ -166,6 +175,12 @@ class AttnfuseOptMain(xDSLOptMain):
             action="store_true",
             help="print the IR to stderr after every pass, headed "
             "'// -----// IR Dump After <pass> //----- //'",
+        )
+        arg_parser.add_argument(
+            "--example",
+            metavar="NAME",
+            help="read a shipped example program instead of an input file: "
+            f"{', '.join(examples.names())} (attnfuse.examples)",
         )
         arg_parser.add_argument(
             "--device",

@@ -465,3 +465,14 @@ def test_static_batch_and_seq_dims_compile(
     code, out, err = run([write(tmp_path, text, "static.attn"), "-t", "triton"], capsys)
     assert code == 0, err
     assert "@triton.jit" in out
+
+
+def test_example_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--example NAME` reads a shipped program, from any working directory."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(["--example", "dropout", "-p", "attn-canonicalize"], capsys)
+    assert code == 0 and "func.func @dropout" in out and "attn.dropout" in out
+    code, _, err = run(["--example", "nope"], capsys)
+    assert code == EXIT_USAGE and "no example named 'nope' (known: alibi," in err
+    code, _, err = run([str(DROPOUT), "--example", "llama3"], capsys)
+    assert code == EXIT_USAGE and "give an input file or --example, not both" in err

@@ -4,7 +4,8 @@
 - `host`: host code read once into launch plans per shape class;
 - `launch`: one kernel launch of a plan (the launch-argument list, the direct launcher);
 - `checks`: argument checks at the kernel boundary (`AttnfuseArgumentError`);
-- `autograd`: the `torch.autograd.Function` of a compiled program;
+- `runner`: the forward and backward of one compiled program (what its ops call);
+- `op`: the `torch.library` custom ops of a compiled program (forward, backward, fakes, autograd);
 - `cache`: the disk cache of compiled programs (per user, validated, never imported).
 
 Importing these modules changes no environment variable and imports no Triton: Triton

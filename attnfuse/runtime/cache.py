@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import tempfile
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,9 @@ class CompiledProgram:
                 for name, m in self.kernels.items()
             },
         }
+
+
+logger = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -168,11 +172,18 @@ def load(key: str, cache_dir: Path | None = None) -> CompiledProgram | None:
     directory = _programs_dir(cache_dir)
     if directory is None:
         return None
+    path = directory / f"{key}.json"
     try:
-        entry = json.loads((directory / f"{key}.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return _decode(entry, key)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        logger.debug("unreadable cache entry %s: %s", path, e)
+        return None
+    program = _decode(entry, key)
+    if program is None:
+        logger.debug("invalid cache entry %s: recompiling", path)
+    return program
 
 
 def store(key: str, program: CompiledProgram, cache_dir: Path | None = None) -> bool:
@@ -198,4 +209,5 @@ def store(key: str, program: CompiledProgram, cache_dir: Path | None = None) -> 
     except OSError as e:
         _warn(f"cannot write to the AttnFuse cache directory {directory}: {e.strerror or e}")
         return False
+    logger.debug("stored cache entry %s", path)
     return True

@@ -131,8 +131,10 @@ class ArgumentChecker:
                 converted[param.index] = _integer(param, args[param.index])
         return converted
 
-    def check(self, args: Sequence[Any]) -> torch.device:
-        """Check tensors against the signature; the device the call runs on."""
+    def check(self, args: Sequence[Any], fake: bool = False) -> torch.device:
+        """Check tensors against the signature; the device the call runs on. `fake`:
+        the check of shape propagation (meta or fake tensors, possibly symbolic sizes),
+        which leaves out what only data can have (a meta device, 32-bit layouts)."""
         device: torch.device | None = None
         for param, arg in zip(self.parameters, args):
             if not isinstance(param.type, TensorType):
@@ -155,6 +157,8 @@ class ArgumentChecker:
                 device = arg.device
             elif arg.device != device:
                 raise AttnfuseArgumentError(f"{where}: on {arg.device}, but earlier arguments are on {device}")
+            if fake:
+                continue
             if arg.device.type == "meta":
                 raise AttnfuseArgumentError(f"{where}: a meta tensor has no data to run kernels on")
             check_int32_layout(arg, where)
@@ -163,12 +167,25 @@ class ArgumentChecker:
         self._check_consistent(args)
         return device
 
+    def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
+        """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k."""
+        q_index, k_index, _ = self.qkv
+        q, k = args[q_index], args[k_index]
+        return {"B": q.shape[0], "Sq": q.shape[2], "Skv": k.shape[2]}
+
+    def expected_shape(self, index: int, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The shape argument `index` has with the sizes of this call, before any
+        broadcast (the shape of its gradient)."""
+        symbols = self.symbolic.get(index)
+        if symbols is None:
+            return tuple(args[index].shape)
+        sizes = self.sizes(args)
+        return tuple(sizes[s] if isinstance(s, str) else s for s in symbols)
+
     def _check_consistent(self, args: Sequence[Any]) -> None:
         """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
         k, then every tensor argument is checked against its expected shape."""
-        q_index, k_index, _ = self.qkv
-        q, k = args[q_index], args[k_index]
-        sizes = {"B": int(q.shape[0]), "Sq": int(q.shape[2]), "Skv": int(k.shape[2])}
+        sizes = self.sizes(args)
         if self.shared_length is not None and sizes["Sq"] != sizes["Skv"]:
             param = self.parameters[self.shared_length]
             raise AttnfuseArgumentError(

@@ -24,6 +24,7 @@ every call.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from attnfuse.backends.triton.metadata import KernelMetadata
 from attnfuse.dialects.host import AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
+
+logger = logging.getLogger(__name__)
 
 MAX_PLANS = 64
 """Launch plans kept per host program (oldest dropped first)."""
@@ -134,7 +137,12 @@ class HostProgram:
             with self._lock:
                 if len(self._plans) >= MAX_PLANS:
                     self._plans.pop(next(iter(self._plans)))
+                    logger.debug("@%s: dropped the oldest launch plan (%d kept)", self.name, MAX_PLANS)
                 self._plans[signature] = plan
+        if logger.isEnabledFor(logging.DEBUG):
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            logger.debug("@%s: built a launch plan (%d steps) for shapes %s on %s", self.name,
+                         len(plan.steps), shapes, device)
         return results
 
     def plan_count(self) -> int:

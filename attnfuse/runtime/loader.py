@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+import logging
 import sys
 import threading
 import types
 from typing import Any
 
 from attnfuse.backends.triton.metadata import HELPER_NAMES
+
+logger = logging.getLogger(__name__)
 
 INTERPRETER_LOCK = threading.RLock()
 """Held around every interpreted kernel launch: Triton's interpreter is not thread-safe."""
@@ -133,4 +136,6 @@ def load_kernels(source: str, interpret: bool = False) -> dict[str, Any]:
             n: f for n, f in vars(module).items() if isinstance(f, kinds) and n not in HELPER_NAMES
         }
         _loaded[key] = kernels
+        logger.debug("loaded %d %s kernels from source %s", len(kernels),
+                     "interpreter" if interpret else "GPU", key[0][:16])
         return kernels

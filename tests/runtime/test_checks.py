@@ -91,9 +91,16 @@ def test_compile_rejects_non_programs(program: object) -> None:
 
 
 def test_meta_tensors(tiny: attnfuse.AttentionFunction) -> None:
+    """Meta tensors go through the op's fake implementation: shapes, no kernels; the
+    signature checks still run. Only the host program itself refuses them."""
     q = torch.randn(1, 2, 8, 32, device="meta")
+    out, lse = tiny(q, q, q, return_lse=True)
+    assert (out.device.type, out.shape, out.dtype) == ("meta", (1, 2, 8, 32), torch.float32)
+    assert (lse.shape, lse.dtype) == ((1, 2, 8), torch.float32)
+    with pytest.raises(AttnfuseArgumentError, match="argument 1 'k': expected dtype torch.float32"):
+        tiny(q, q.half(), q)
     with pytest.raises(AttnfuseArgumentError, match="argument 0 'q': a meta tensor has no data"):
-        tiny(q, q, q)
+        tiny._forward([q, q, q])
 
 
 def test_sparse_tensors(tiny: attnfuse.AttentionFunction) -> None:

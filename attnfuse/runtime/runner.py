@@ -1,0 +1,54 @@
+"""The run-time side of one compiled program: what its custom ops call.
+
+A `Runner` holds the host programs (and so the launch plans) of a program's forward and
+backward and the checks of its arguments. `attnfuse.compile` builds one per compiled
+program; compiling the same program again while one is alive shares it (see
+`attnfuse.runtime.op.define_ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from attnfuse.runtime.checks import ArgumentChecker
+from attnfuse.runtime.host import HostProgram, call_signature
+
+
+class Runner:
+    """Forward and backward of one compiled program, on converted arguments."""
+
+    __slots__ = ("__weakref__", "backward", "checker", "grad_of", "host")
+
+    def __init__(self, host: HostProgram, backward: HostProgram | None, checker: ArgumentChecker,
+                 grad_of: Sequence[int]) -> None:
+        self.host = host
+        self.backward = backward
+        self.checker = checker
+        self.grad_of = tuple(grad_of)
+
+    def forward(self, args: Sequence[Any]) -> list[Any]:
+        """The forward host program's results (out, lse, ...) on arguments whose scalars
+        are converted: the plan of the call's shape class, or a new one."""
+        signature = call_signature(args)
+        plan = self.host.plan(signature)
+        if plan is not None:
+            return plan.run(args)
+        return self.host.build(args, signature, self.checker.check(args))
+
+    def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                  d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+        """Run the compiled backward: one gradient per argument (None where there is none)."""
+        assert self.backward is not None
+        if d_lse is None:
+            d_lse = torch.zeros_like(lse)
+        full = [*self.checker.scalars(args), out, lse, d_out, d_lse]
+        signature = call_signature(full)
+        plan = self.backward.plan(signature)
+        results = plan.run(full) if plan is not None else self.backward.build(full, signature, out.device)
+        grads: list[torch.Tensor | None] = [None] * len(self.checker.parameters)
+        for index, grad in zip(self.grad_of, results):
+            grads[index] = grad
+        return grads
