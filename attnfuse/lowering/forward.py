@@ -99,8 +99,8 @@ class ForwardKernel:
         self.head_dim = _dims(spec.q)[3]
         self.v_dim = _dims(spec.v)[3]
         self.scale = program.scores.scale_value()
+        # Scale after the row max (one multiply-add per element): only masks follow the scores.
         self.defer_scale = spec.fold_scale and self.scale > 0 and all(isinstance(op, MaskOp) for op in program.score_ops)
-        """Scale after the row max (one multiply-add per element): only masks follow the scores."""
 
         layout_q = side_layout(spec.q_transforms, self.head_dim)
         layout_k = side_layout(spec.k_transforms, self.head_dim)
