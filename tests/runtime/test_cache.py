@@ -23,16 +23,8 @@ from attnfuse import reference
 from attnfuse.pass_manager import load_pass_plugin, unregister_pass
 from attnfuse.runtime import cache, loader
 from attnfuse.testing import assert_close
+from tiny import TINY
 
-TINY = """
-func.func @tiny(%q: tensor<?x2x?x32xf32>, %k: tensor<?x2x?x32xf32>, %v: tensor<?x2x?x32xf32>) -> tensor<?x2x?x32xf32> {
-  %s = attn.scores %q, %k : tensor<?x2x?x32xf32>, tensor<?x2x?x32xf32> -> !attn.scores<?x2x?x?xf32>
-  %m = attn.mask causal %s : !attn.scores<?x2x?x?xf32>
-  %p = attn.softmax %m : !attn.scores<?x2x?x?xf32> -> !attn.probs<?x2x?x?xf32>
-  %o = attn.weighted_sum %p, %v : !attn.probs<?x2x?x?xf32>, tensor<?x2x?x32xf32> -> tensor<?x2x?x32xf32>
-  func.return %o : tensor<?x2x?x32xf32>
-}
-"""
 PIPELINE = "attn-canonicalize,rope-fusion,online-softmax,mask-tiling,lower-to-tile"
 
 
