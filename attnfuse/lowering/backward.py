@@ -51,19 +51,6 @@ class GradBuffers:
     """K transform index -> [B, Hkv, nKV, D] fp32 partial sums."""
 
 
-@dataclass
-class BackwardSpec:
-    forward: ForwardSpec
-    d_out: SSAValue
-    lse: SSAValue
-    delta: SSAValue
-    dq: SSAValue
-    dk: SSAValue
-    dv: SSAValue
-    grads: GradBuffers
-    dkdv: DkvOptions = field(default_factory=lambda: DkvOptions())
-
-
 @dataclass(frozen=True)
 class DkvOptions:
     """How the dK/dV kernel is built (each is a `lower-backward` option)."""
@@ -74,6 +61,19 @@ class DkvOptions:
     """Walk q blocks inside every planned mask without mask code or bounds masks."""
     num_warps: int = 0
     """Warps per dK/dV program; 0 uses the dQ kernel's."""
+
+
+@dataclass
+class BackwardSpec:
+    forward: ForwardSpec
+    d_out: SSAValue
+    lse: SSAValue
+    delta: SSAValue
+    dq: SSAValue
+    dk: SSAValue
+    dv: SSAValue
+    grads: GradBuffers
+    dkdv: DkvOptions = field(default_factory=DkvOptions)
 
 
 def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue, delta: SSAValue,
@@ -272,8 +272,8 @@ class DkvKernel(_Recompute):
         self.dv_arg = sig.tensor("dV", spec.dv)
         self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
         self.options = spec.dkdv
+        # Split the q walk into masked and full blocks (planned masks only, as the forward).
         self.full_tiles = spec.dkdv.full_tiles and bool(self.online.int_option("band_exact")) and fwd.block_map is None
-        """Split the q walk into masked and full blocks (planned masks only, as the forward)."""
 
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
