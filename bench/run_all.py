@@ -126,9 +126,9 @@ FORWARD_VARIANTS: dict[str, str] = {
     "hybrid": pipeline("hybrid"),
     "fused": pipeline("fused"),
     "separate": pipeline("separate"),
-    "hybrid_128x64x8x3": pipeline("hybrid", "128x64x8x3"),
     "ablation:hybrid_no_fold_scale": pipeline("hybrid", lower="fold-scale=false"),
     "ablation:fused_no_rope_table": pipeline("fused", lower="rope-table=false"),
+    "ablation:fused_128x128x8x2": pipeline("fused", "128x128x8x2"),
 }
 """Forward rows: each strategy with the default tiles, the tiles of the previous default
 (128x64, 8 warps, 3 stages), and ablations (one optimisation off each)."""
@@ -140,6 +140,8 @@ TRAINING_VARIANTS: dict[str, str] = {
     "ablation:hybrid_dkdv_transposed": pipeline("hybrid", bwd="dkdv-transposed=true"),
     "ablation:hybrid_dkdv_no_full_tiles": pipeline("hybrid", bwd="dkdv-full-tiles=false"),
     "ablation:fused_transforms_in_kernel": pipeline("fused", bwd="transforms-in-kernel=true"),
+    "ablation:hybrid_rotate_in_epilogue": pipeline("hybrid", bwd="rotate-in-epilogue=true"),
+    "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="rope-table=false", lower="rope-table=false"),
 }
 
 SLOW_ABLATIONS = ("ablation:fused_no_rope_table", "ablation:fused_transforms_in_kernel")

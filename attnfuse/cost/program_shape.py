@@ -11,7 +11,7 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Tensor
 
 from attnfuse.cost.model import AttentionShape
 from attnfuse.dialects.attn import MaskOp
-from attnfuse.passes.mask_tiling import default_block_n
+from attnfuse.passes.mask_tiling import default_block_sizes
 from attnfuse.program import AttentionProgram
 
 __all__ = ["BENCH_TOKENS", "DEFAULT_SEQ_LEN", "shape_of"]
@@ -63,5 +63,5 @@ def shape_of(
         causal=causal,
         window=window,
         block_m=block_m,
-        block_n=block_n or default_block_n(program),
+        block_n=block_n or default_block_sizes(program, k_in_kernel=False)[1],
     )

@@ -30,7 +30,7 @@ from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, _pow2, load_rows
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
-from attnfuse.lowering.qk_side_grad import forward_saving
+from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 
@@ -74,6 +74,21 @@ class BackwardSpec:
     dv: SSAValue
     grads: GradBuffers
     dkdv: DkvOptions = field(default_factory=DkvOptions)
+    q_epilogue: list[RopeOp] = field(default_factory=list)
+    """RoPEs of Q whose forward ran in a pre-kernel: the dQ kernel rotates dQ back by them
+    before storing it, so no transpose pre-kernel and no f32 dQ buffer are needed."""
+    k_epilogue: list[RopeOp] = field(default_factory=list)
+    """The same for K, in the dK/dV kernel."""
+
+
+def _epilogue_side(ropes: list[RopeOp], fwd: ForwardSpec, sig: KernelSignature, head_dim: int,
+                   prefix: str) -> SideTransforms | None:
+    """The epilogue rotations of one side, reading f32 cos/sin tables (the values its
+    transpose pre-kernel would use), or None."""
+    if not ropes:
+        return None
+    table = fwd.rope_table  # a RopeTables, or None to evaluate cos/sin once per program
+    return SideTransforms(list(ropes), SideContext(sig, head_dim, fwd.inv_freq, table, f32), prefix)  # type: ignore[arg-type]
 
 
 def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue, delta: SSAValue,
@@ -158,6 +173,7 @@ class DqKernel(ForwardKernel, _Recompute):
         self.lse_in = sig.tensor("LSE_in", spec.lse)
         self.delta_arg = sig.tensor("Delta", spec.delta)
         self.dq_arg = sig.tensor("dQ", spec.dq)
+        self.q_epilogue = _epilogue_side(spec.q_epilogue, spec.forward, sig, self.head_dim, "q_epi")
         grads = spec.grads
         self.bias_args = {n: sig.tensor(f"d_bias{n}", v) for n, v in grads.bias.items()}
         self.slope_args = {n: sig.tensor(f"d_slopes{n}", v) for n, v in grads.slopes.items()}
@@ -215,6 +231,8 @@ class DqKernel(ForwardKernel, _Recompute):
             contribution = b.where(row_ok, b.neg(b.mul(p_sink, self.delta)), 0.0)
             b.store(self.sinks_grad.ptr, slot, b.reduce_sum(contribution, 0))
         grad, side_grads = side_backward(self.q_side, b, dq, self.q_states, self.layout, rows, batch, row_ok)
+        if self.q_epilogue is not None:
+            grad = rope_transpose(self.q_epilogue, b, grad, self.layout, rows, batch, row_ok)
         store_parts(b, self.dq_arg, self.dq_arg.base(b, batch, head), rows, row_ok, self.layout, grad)
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.qw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
@@ -271,6 +289,7 @@ class DkvKernel(_Recompute):
         self.dk_arg = sig.tensor("dK", spec.dk)
         self.dv_arg = sig.tensor("dV", spec.dv)
         self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
+        self.k_epilogue = _epilogue_side(spec.k_epilogue, fwd, sig, base.head_dim, "k_epi")
         self.options = spec.dkdv
         # Split the q walk into masked and full blocks (planned masks only, as the forward).
         self.full_tiles = spec.dkdv.full_tiles and bool(self.online.int_option("band_exact")) and fwd.block_map is None
@@ -317,6 +336,8 @@ class DkvKernel(_Recompute):
         *dk_acc, dv = heads.results
         dk = {p.role: b.mul(acc, self.scale) for p, acc in zip(self.layout, dk_acc)}
         grad, side_grads = side_backward(base.k_side, b, dk, k_states, self.layout, cols, batch, col_ok)
+        if self.k_epilogue is not None:
+            grad = rope_transpose(self.k_epilogue, b, grad, self.layout, cols, batch, col_ok)
         store_parts(b, self.dk_arg, self.dk_arg.base(b, batch, kv_head), cols, col_ok, self.layout, grad)
         d = b.arange(0, dv_pad)
         offs = b.add(b.expand_dims(b.mul(cols, self.dv_arg.strides[2]), 1), b.expand_dims(b.mul(d, self.dv_arg.strides[3]), 0))

@@ -21,7 +21,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, side_layout
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram, ProgramError
@@ -75,6 +75,9 @@ class ForwardSpec:
     """Builds a rope's cos/sin table (`RopeTables`); None evaluates cos/sin in the kernel."""
     fold_scale: bool = True
     """Scale scores after the row max when only masks follow `attn.scores`."""
+    rope_layout: RopeOp | None = None
+    """A RoPE run outside the kernel whose column pairs the parts layout follows when no
+    rope runs inside (the backward kernels rotate dQ / dK back by it in their epilogue)."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -113,6 +116,8 @@ class ForwardKernel:
                 rope_k,
             )
         self.layout = layout_q if rope_q is not None else layout_k
+        if rope_q is None and rope_k is None and spec.rope_layout is not None:
+            self.layout = partition(spec.rope_layout, self.head_dim)
 
         sig = KernelSignature(spec.remap)
         self.sig = sig

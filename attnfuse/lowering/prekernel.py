@@ -3,6 +3,11 @@
 Used for transforms that `rope-fusion` placed in a `prekernel`: one program per
 (block of rows, batch x head) loads its rows, applies the transforms in fp32 and writes
 them, in the input dtype, into a new buffer that the attention kernel then reads.
+
+Given `rope_table` (a `RopeTables`), RoPE reads cos and sin from an f32 table built once
+per shape class: the same values the kernel would evaluate (the table kernel evaluates
+them with the same code), without libdevice `sin`/`cos` per element, which made these
+memory-bound kernels 3-4x slower than their reads and writes (H200, run 14).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ def build_prekernel(
     inv_freq: Callable[[RopeOp], SSAValue],
     launch: dict[str, Attribute],
     remap: dict[SSAValue, SSAValue] | None = None,
+    rope_table: Callable[[RopeOp, Attribute], SSAValue] | None = None,
 ) -> tuple[KernelOp, list[SSAValue]]:
     """The kernel and its launch operands (grid: cdiv(S, 64) x B*H)."""
     assert isinstance(source.type, TensorType)
@@ -37,7 +43,7 @@ def build_prekernel(
     sig = KernelSignature(remap)
     src = sig.tensor("X", source)
     dst = sig.tensor("Y", target)
-    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq), "x")
+    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq, rope_table, f32), "x")
     sig.scalar("B", batch)
     seq = sig.scalar("S", seq_len)
     b = sig.start(name, num_warps=4, num_stages=1, launch=launch)
@@ -67,6 +73,7 @@ def build_prekernel_backward(
     inv_freq: Callable[[RopeOp], SSAValue],
     weight_partials: dict[int, SSAValue],
     remap: dict[SSAValue, SSAValue],
+    rope_table: Callable[[RopeOp, Attribute], SSAValue] | None = None,
 ) -> tuple[KernelOp, list[SSAValue]]:
     """The transpose of a pre-kernel: `grad_in` (fp32, w.r.t. its output) -> `target`
     (w.r.t. its input `source`), plus per-program norm-weight partial sums."""
@@ -77,7 +84,7 @@ def build_prekernel_backward(
     heads, head_dim = source.type.get_shape()[1], source.type.get_shape()[3]
     sig = KernelSignature(remap)
     src, gin, dst = sig.tensor("X", source), sig.tensor("dY", grad_in), sig.tensor("dX", target)
-    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq), "x")
+    side = SideTransforms(transforms, SideContext(sig, head_dim, inv_freq, rope_table, f32), "x")
     partial_args = {n: sig.tensor(f"d_norm_w{n}", v) for n, v in weight_partials.items()}
     sig.scalar("B", batch)
     seq = sig.scalar("S", seq_len)

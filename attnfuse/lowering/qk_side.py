@@ -90,6 +90,9 @@ class SideContext:
     rope_table: Callable[[RopeOp, Attribute], SSAValue] | None = None
     """Host value of a rope's cos/sin table in an element type (see `rope_table.py`);
     None evaluates cos and sin in the kernel."""
+    table_type: Attribute | None = None
+    """Element type of the tables read; None reads them in the rope's own element type
+    (attention kernels), f32 gives pre-kernels the values they would evaluate."""
 
 
 class SideTransforms:
@@ -106,7 +109,7 @@ class SideTransforms:
             if isinstance(op, QKNormOp) and op.weight is not None:
                 self.weights[n] = ctx.sig.tensor(f"{prefix}_norm_w{n}", op.weight)
             if isinstance(op, RopeOp) and ctx.rope_table is not None:
-                element = op.output.type.element_type  # type: ignore[attr-defined]
+                element = ctx.table_type or op.output.type.element_type  # type: ignore[attr-defined]
                 self.tables[n] = ctx.sig.tensor(f"{prefix}_rope{n}", ctx.rope_table(op, element))
             elif isinstance(op, RopeOp):
                 self.freqs[n] = ctx.sig.tensor(f"{prefix}_inv_freq{n}", ctx.inv_freq(op))

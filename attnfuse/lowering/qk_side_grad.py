@@ -89,3 +89,14 @@ def backward(
             for role, g in scaled_grad.items()
         }
     return grad, grads
+
+
+def rope_transpose(
+    side: SideTransforms, b: TileBuilder, grad: Parts, layout: tuple[Part, ...],
+    rows: SSAValue, batch: Value, row_mask: SSAValue,
+) -> Parts:
+    """`grad` rotated back through `side`'s transforms, all of them RoPE (rotations need
+    no saved forward values)."""
+    assert all(isinstance(op, RopeOp) for op in side.transforms)
+    states = [grad] * (len(side.transforms) + 1)
+    return backward(side, b, grad, states, layout, rows, batch, row_mask)[0]

@@ -145,6 +145,7 @@ class LowerToTilePass(ModulePass):
         def inv_freq(rope: RopeOp) -> SSAValue:
             return host.table(rope_inverse_frequencies(rope))
 
+        tables = RopeTables(host, fname, (q_len, kv_len), inv_freq) if self.rope_table else None
         q_in, k_in = q, k
         for side, source, seq, tag in ((program.q, q, q_len, "q"), (program.k, k, kv_len, "k")):
             pre = _pre_kernel(side.transforms)
@@ -153,7 +154,7 @@ class LowerToTilePass(ModulePass):
             assert isinstance(source.type, TensorType)
             target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
             name = f"{fname}_{tag}_prologue"
-            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {})
+            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables)
             heads = source.type.get_shape()[1]
             grid = [host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s"), host.mul(batch, heads, f"{tag}_grid_bh"), one]
             host.launch(name, grid, operands)
@@ -181,7 +182,6 @@ class LowerToTilePass(ModulePass):
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
         counter = host.alloc(TensorType(i32, [1]), [], "tile_count", zero=True) if self.count_tiles else None
-        tables = RopeTables(host, fname, (q_len, kv_len), inv_freq) if self.rope_table else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),

@@ -210,16 +210,34 @@ def effective_masks(score_ops: list[Operation]) -> list[MaskOp]:
     return masks
 
 
-def default_block_n(program: AttentionProgram) -> int:
-    """128 keys per block for 16-bit inputs with Q/K and V head dims up to 128 (with
-    128-row q blocks, 3 pipeline stages then fit an H200 SM: the fastest forward measured
-    for Llama-3-8B, docs/benchmarks.md run 12), else 64 (wider rows or f32 leave room for
-    fewer stages of 128 keys)."""
+def _narrow_16bit(program: AttentionProgram) -> bool:
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
-    v_type = program.v_type
-    narrow = max(q_type.get_shape()[3], v_type.get_shape()[3]) <= 128
-    return 128 if narrow and q_type.element_type != f32 else 64
+    return max(q_type.get_shape()[3], program.v_type.get_shape()[3]) <= 128 and q_type.element_type != f32
+
+
+def k_transformed_in_kernel(program: AttentionProgram) -> bool:
+    """Whether the forward kernel transforms K tiles itself (`fused` placements)."""
+    return any(t.str_option("placement") != "prekernel" for t in program.k.transforms)
+
+
+def default_block_sizes(program: AttentionProgram, k_in_kernel: bool | None = None) -> tuple[int, int]:
+    """(query rows, keys) per block when the pass options leave them at 0; `k_in_kernel`
+    None reads the placement `rope-fusion` gave K's transforms.
+
+    - K transformed in the kernel, 16-bit, head dims <= 128: 256 x 64. Each K tile is
+      transformed once per q block that visits it, so taller q blocks halve that work;
+      256 x 64 with 8 warps and 3 stages fits an SM and was 11% faster than 128 x 128
+      for fused Llama-3-8B at S = 16384 (H200, run 14).
+    - Other 16-bit inputs with head dims <= 128: 128 x 128 (3 stages fit; the fastest
+      forward measured for Llama-3-8B, docs/benchmarks.md run 12).
+    - Else 128 x 64 (wider rows or f32 leave room for fewer stages of 128 keys).
+    """
+    if not _narrow_16bit(program):
+        return 128, 64
+    if k_in_kernel is None:
+        k_in_kernel = k_transformed_in_kernel(program)
+    return (256, 64) if k_in_kernel else (128, 128)
 
 
 @dataclass(frozen=True)
@@ -230,10 +248,10 @@ class MaskTilingPass(ModulePass):
     requires: ClassVar[tuple[str, ...]] = ("online-softmax",)
 
     block_m: int = 0
-    """Query rows per program; 0 picks 128."""
+    """Query rows per program; 0 picks `default_block_sizes` (256 when K is transformed
+    in the kernel, else 128)."""
     block_n: int = 0
-    """Keys per KV block; 0 picks `default_block_n` (128 for 16-bit inputs with head dims
-    up to 128, else 64)."""
+    """Keys per KV block; 0 picks `default_block_sizes` (128 or 64)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for size, what in ((self.block_m, "block-m"), (self.block_n, "block-n")):
@@ -244,8 +262,9 @@ class MaskTilingPass(ModulePass):
             if program.online is None:
                 raise ProgramError("mask-tiling runs after online-softmax", program.scores)
             plan = plan_masks(effective_masks(program.score_ops))
-            block_m = self.block_m or 128
-            block_n = self.block_n or default_block_n(program)
+            default_m, default_n = default_block_sizes(program)
+            block_m = self.block_m or default_m
+            block_n = self.block_n or default_n
             for key, value in plan.properties(block_m, block_n).items():
                 program.online.properties[key] = value
 

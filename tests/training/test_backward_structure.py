@@ -149,33 +149,36 @@ def test_fused_backward_prerotates_by_default() -> None:
     assert not [n for n in launched(forward) if "prologue" in n]
 
 
+@pytest.mark.parametrize("epilogue", [True, False], ids=["epilogue", "transposes"])
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])
 @pytest.mark.parametrize("name", sorted(WITH_TRANSFORMS))
-def test_prekernel_backward_has_transposes(name: str, strategy: str) -> None:
+def test_prekernel_backward(name: str, strategy: str, epilogue: bool) -> None:
     """hybrid / separate: Q and K transforms recomputed in pre-kernels before the main
-    kernels; after them, the transposes turn d(rotated) into dq / dk."""
-    module = lower(EXAMPLE_TEXT[name], PIPELINE.format(strategy))
+    kernels. With `rotate-in-epilogue=true`, a side whose transforms are all RoPE gets
+    dq / dk straight from the main kernels (rotated back in their epilogue); otherwise
+    transposes after them turn d(rotated) into dq / dk."""
+    pipeline = PIPELINE.format(strategy)
+    if epilogue:
+        pipeline = pipeline.replace("transforms-in-kernel=true", "transforms-in-kernel=true rotate-in-epilogue=true")
+    module = lower(EXAMPLE_TEXT[name], pipeline)
     bwd = backward_of(module)
-    names = [n for n in launched(bwd) if not n.endswith("_block_map")]
+    names = [n for n in launched(bwd) if not n.endswith("_block_map") and "_rope_table" not in n]
     p = f"{name}_bwd_"
-    assert names == [
-        p + "q_prologue",
-        p + "k_prologue",
-        p + "preprocess",
-        p + "dq",
-        p + "dkdv",
-        p + "q_prologue_transpose",
-        p + "k_prologue_transpose",
-    ]
+    transposed = not epilogue or name == "qwen3"  # qwen3's sides carry a QK-norm
+    assert names == [p + "q_prologue", p + "k_prologue", p + "preprocess", p + "dq", p + "dkdv"] + (
+        [p + "q_prologue_transpose", p + "k_prologue_transpose"] if transposed else [])
     assert set(names) <= set(kernels(module))
     by_name = {op.kernel.root_reference.data: op for op in launches(bwd)}
     ret = bwd.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
-    # dq / dk come out of the transposes, which read what dQ and dK/dV wrote
     for tag, index, main in (("q", 0, "dq"), ("k", 1, "dkdv")):
-        transpose = by_name[f"{p}{tag}_prologue_transpose"]
-        assert ret.operands[index] in transpose.args
-        assert any(a in transpose.args for a in by_name[p + main].args[-2:])
+        if transposed:  # dq / dk come out of the transposes, which read what dQ and dK/dV wrote
+            transpose = by_name[f"{p}{tag}_prologue_transpose"]
+            assert ret.operands[index] in transpose.args
+            assert any(a in transpose.args for a in by_name[p + main].args[-2:])
+        else:  # written by the main kernel itself, in the input dtype
+            assert ret.operands[index] in by_name[p + main].args
+            assert ret.operands[index].type == bwd.body.block.args[index].type
     # the main kernels read the pre-kernels' outputs, not the raw q / k
     q_arg, k_arg = bwd.body.block.args[0], bwd.body.block.args[1]
     assert q_arg not in by_name[p + "dq"].args and k_arg not in by_name[p + "dkdv"].args
@@ -193,16 +196,15 @@ def test_no_transforms_no_prekernel(name: str, strategy: str) -> None:
 
 
 def test_one_side_transform_separate() -> None:
-    """RoPE on Q only, separate: a Q pre-kernel and its transpose, nothing for K."""
+    """RoPE on Q only, separate: a Q pre-kernel and its transpose (in the dQ epilogue
+    with `rotate-in-epilogue=true`), nothing for K."""
     p = Builder(hq=2, hkv=1, d=32).rope("q").mask("causal").build()
     names = launched(backward_of(lower(p.text, PIPELINE.format("separate"))))
-    assert names == [
-        "f_bwd_q_prologue",
-        "f_bwd_preprocess",
-        "f_bwd_dq",
-        "f_bwd_dkdv",
-        "f_bwd_q_prologue_transpose",
-    ]
+    assert names == ["f_bwd_rope_table0", "f_bwd_q_prologue", "f_bwd_preprocess", "f_bwd_dq", "f_bwd_dkdv",
+                     "f_bwd_q_prologue_transpose"]
+    epilogue = PIPELINE.format("separate").replace("transforms-in-kernel=true", "rotate-in-epilogue=true")
+    names = launched(backward_of(lower(p.text, epilogue)))
+    assert names == ["f_bwd_rope_table0", "f_bwd_q_prologue", "f_bwd_preprocess", "f_bwd_dq", "f_bwd_dkdv"]
 
 
 def test_document_backward_block_map() -> None:

@@ -96,11 +96,11 @@ def run_grads(
     result = fn(*leaves, return_lse=return_lse)
     out, lse = result if isinstance(result, tuple) else (result, None)
     gen = torch.Generator().manual_seed(seed + 1234)
-    g = torch.randn(out.shape, generator=gen).to(out.dtype)
+    g = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
     g2 = None
     if lse_grad:
         assert lse is not None
-        g2 = torch.randn(lse.shape, generator=gen)
+        g2 = torch.randn(lse.shape, generator=gen).to(lse.device)
         torch.autograd.backward([out, lse], [g, g2])
     else:
         out.backward(g)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from programs import Builder, check
 from test_gradients_blocks import PIPELINE, grad_check, run_grads
 
+import attnfuse
 from attnfuse import reference
 from attnfuse.dialects.host import ConvertOp, ReduceSumOp
 from attnfuse.pass_manager import PassManager, make_context
@@ -156,3 +157,35 @@ def test_vector_gradient_partials_are_f32(kind: str, strategy: str) -> None:
         assert isinstance(op.results[0].type.element_type, Float32Type), op
     vector = [c for c in converts if c.operands[0].owner in reduces]
     assert vector and all(str(c.results[0].type.element_type) == "f16" for c in vector)
+
+
+# ============================================================================ rotate-in-epilogue
+
+EPILOGUE_PIPELINE = (
+    "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling{{block-m=16 block-n=16}},"
+    "lower-backward{{block-m=16 block-n=16 rotate-in-epilogue=true}},lower-to-tile"
+)
+
+
+@pytest.mark.parametrize(("strategy", "rope"), [("hybrid", {}), ("separate", {"style": "interleaved", "rotary_dim": 16})],
+                         ids=["hybrid-half", "separate-interleaved16"])
+def test_rotate_in_epilogue_gradients(strategy: str, rope: dict[str, object]) -> None:
+    """`lower-backward{rotate-in-epilogue=true}`: dq and dk rotated back in the dQ and
+    dK/dV epilogues (no transpose kernels) against the float64 reference, f32 and f16,
+    with unequal lengths (partial tiles) and GQA."""
+    from attnfuse.testing import assert_grad_close
+
+    for dtype in ("f32", "f16"):
+        p = Builder(hq=4, hkv=2, d=32, dtype=dtype).rope(**rope).mask("causal", align="bottom_right").build()
+        fn = attnfuse.compile(p.text, pipeline=EPILOGUE_PIPELINE.format(strategy))
+        assert "prologue_transpose" not in fn.triton_source
+        args = p.inputs(2, 37, 45, seed=5)
+        leaves = [a.detach().clone().requires_grad_(True) for a in args]
+        out = fn(*leaves)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(out.dtype)
+        out.backward(g)
+        refs = [a.detach().double().requires_grad_(True) for a in args]
+        reference.run(p.text, *refs).backward(g.double())
+        torch_dtype = {"f32": torch.float32, "f16": torch.float16}[dtype]
+        for leaf, ref, name in zip(leaves, refs, "qkv"):
+            assert_grad_close(leaf.grad, ref.grad, torch_dtype, f"{dtype} d{name}")

@@ -5,6 +5,7 @@
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 transforms-in-kernel=true}' | filecheck %s --check-prefix=FUSED
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=HYBRID
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=SEPARATE
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=true}' | filecheck %s --check-prefix=EPILOGUE
 // RUN: not attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,lower-backward' 2>&1 | filecheck %s --check-prefix=PREREQ
 // PREREQ: pass 'lower-backward' requires 'mask-tiling' to run earlier in the pipeline
 
@@ -63,14 +64,33 @@
 
 // hybrid (K rotated by a pre-kernel in the forward) and separate: the backward recomputes
 // both rotations in pre-kernels, runs the main kernels on them into f32 d(rotated)
-// buffers, and the transposes rotate those back into dq / dk.
+// buffers, and the transposes rotate those back into dq / dk. The pre-kernels read cos/sin
+// from one f32 table built per call.
+
+// rotate-in-epilogue=true: Q and K carry only RoPE, so dQ and dK/dV rotate their
+// gradients back in the epilogue (cos/sin from the same f32 table as the pre-kernels) and
+// write dq / dk in the input dtype; no transpose kernels, no f32 buffers.
+// EPILOGUE-LABEL: func.func @llama_backward(
+// EPILOGUE:         host.launch @llama_bwd_q_prologue[{{.*}}] (%q, %q_transformed, %rope_table, %batch, %q_len)
+// EPILOGUE:         %d_q = host.alloc %batch, %q_len : tensor<?x4x?x64xf16>
+// EPILOGUE-NEXT:    %d_k = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
+// EPILOGUE:         host.launch @llama_bwd_dq[{{.*}}] (%q_transformed, %k_transformed, %v, %out, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q, %rope_table)
+// EPILOGUE:         host.launch @llama_bwd_dkdv[{{.*}}] (%q_transformed, %k_transformed, %v, %out, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k, %d_v, %rope_table)
+// EPILOGUE-NEXT:    func.return %d_q, %d_k, %d_v
+// EPILOGUE-NOT:   prologue_transpose
+// EPILOGUE:       tile.kernel @llama_bwd_dq(
+// EPILOGUE:         %d_a{{.*}} = arith.addf
+// EPILOGUE:         %d_b{{.*}} = arith.subf
+// EPILOGUE:         tile.store %dQ_base
 
 // HYBRID-LABEL: func.func @llama_backward(
 // HYBRID-SAME:      attributes {attnfuse.grad_of = [0 : i64, 1 : i64, 2 : i64]}
 // HYBRID:         %q_transformed = host.alloc %batch, %q_len : tensor<?x4x?x64xf16>
-// HYBRID:         host.launch @llama_bwd_q_prologue[{{.*}}] (%q, %q_transformed, %table, %batch, %q_len)
+// HYBRID:         %rope_table = host.alloc %rope_rows : tensor<1x?x64xf32>
+// HYBRID:         host.launch @llama_bwd_rope_table0[{{.*}}] (%rope_table, %table, %rope_rows)
+// HYBRID:         host.launch @llama_bwd_q_prologue[{{.*}}] (%q, %q_transformed, %rope_table, %batch, %q_len)
 // HYBRID:         %k_transformed = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
-// HYBRID:         host.launch @llama_bwd_k_prologue[{{.*}}] (%k, %k_transformed, %table, %batch, %kv_len)
+// HYBRID:         host.launch @llama_bwd_k_prologue[{{.*}}] (%k, %k_transformed, %rope_table, %batch, %kv_len)
 // HYBRID:         host.launch @llama_bwd_preprocess[
 // HYBRID:         %d_q_rotated = host.alloc %batch, %q_len : tensor<?x4x?x64xf32>
 // HYBRID-NEXT:    %d_k_rotated = host.alloc %batch, %kv_len : tensor<?x2x?x64xf32>
@@ -78,9 +98,9 @@
 // HYBRID:         host.launch @llama_bwd_dq[{{.*}}] (%q_transformed, %k_transformed, %v, %out, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_q_rotated)
 // HYBRID:         host.launch @llama_bwd_dkdv[{{.*}}] (%q_transformed, %k_transformed, %v, %out, %batch, %q_len, %kv_len, %d_out, %lse, %delta, %d_k_rotated, %d_v)
 // HYBRID:         %d_q = host.alloc %batch, %q_len : tensor<?x4x?x64xf16>
-// HYBRID:         host.launch @llama_bwd_q_prologue_transpose[{{.*}}] (%q, %d_q_rotated, %d_q, %table, %batch, %q_len)
+// HYBRID:         host.launch @llama_bwd_q_prologue_transpose[{{.*}}] (%q, %d_q_rotated, %d_q, %rope_table, %batch, %q_len)
 // HYBRID:         %d_k = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
-// HYBRID:         host.launch @llama_bwd_k_prologue_transpose[{{.*}}] (%k, %d_k_rotated, %d_k, %table, %batch, %kv_len)
+// HYBRID:         host.launch @llama_bwd_k_prologue_transpose[{{.*}}] (%k, %d_k_rotated, %d_k, %rope_table, %batch, %kv_len)
 // HYBRID-NEXT:    func.return %d_q, %d_k, %d_v
 // HYBRID:       tile.kernel @llama_bwd_q_prologue(
 // HYBRID:       tile.kernel @llama_bwd_k_prologue(
@@ -92,8 +112,9 @@
 // HYBRID-NOT:     math.cos
 // HYBRID:         tile.store %dK_base
 // HYBRID:       tile.kernel @llama_bwd_q_prologue_transpose(
-// HYBRID:         math.cos
-// HYBRID:         math.sin
+// HYBRID-NOT:     math.cos
+// HYBRID:         %cos = tile.load
+// HYBRID:         %sin = tile.load
 // HYBRID:         tile.return
 // HYBRID:       tile.kernel @llama_bwd_k_prologue_transpose(
 
@@ -166,7 +187,7 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // HYBRID:         host.launch @learn_bwd_dq[
 // HYBRID:         host.launch @learn_bwd_dkdv[
 // HYBRID:         %d_q_norm_w0 = host.alloc %q_pre_slots : tensor<?x32xf32>
-// HYBRID:         host.launch @learn_bwd_q_prologue_transpose[{{.*}}] (%q, %d_q_rotated, %d_q, %wq, %table, %d_q_norm_w0, %batch, %q_len)
+// HYBRID:         host.launch @learn_bwd_q_prologue_transpose[{{.*}}] (%q, %d_q_rotated, %d_q, %wq, %rope_table, %d_q_norm_w0, %batch, %q_len)
 // HYBRID-NEXT:    %d_norm_w_f32 = host.reduce_sum %d_q_norm_w0 {dims
 // HYBRID-NEXT:    %d_norm_w = host.convert %d_norm_w_f32 : tensor<32xf32> -> tensor<32xbf16>
 // HYBRID:         func.return %d_q, %d_k, %d_v, %d_norm_w, %d_bias_f32, %d_slopes_f32, %d_sinks_f32

@@ -46,14 +46,18 @@
 // FUSED:         tile.store %LSE_base
 // FUSED-NEXT:    tile.return
 
-// Hybrid: K rotated once by a pre-kernel, the forward kernel reads the result.
+// Hybrid: K rotated once by a pre-kernel (cos/sin from an f32 table), the forward kernel
+// reads the result.
 // HYBRID-LABEL: func.func @llama(
 // HYBRID:         %k_transformed = host.alloc %batch, %kv_len : tensor<?x2x?x64xf16>
-// HYBRID:         host.launch @llama_k_prologue[%k_grid_s, %k_grid_bh, %one] (%k, %k_transformed,
+// HYBRID:         %rope_table = host.alloc %rope_rows : tensor<1x?x64xf32>
+// HYBRID:         host.launch @llama_rope_table0[%rope_grid, %one_1, %one_1] (%rope_table, %table, %rope_rows)
+// HYBRID:         host.launch @llama_k_prologue[%k_grid_s, %k_grid_bh, %one] (%k, %k_transformed, %rope_table,
 // HYBRID-NOT:     @llama_q_prologue
 // HYBRID:         host.launch @llama_fwd[%grid_m, %grid_bh, %one] (%q, %k_transformed, %v, %out, %lse,
 // HYBRID:       tile.kernel @llama_k_prologue(%X: !tile.ptr<f16>,
-// HYBRID:         math.cos
+// HYBRID-NOT:     math.cos
+// HYBRID:         %cos = tile.load
 // HYBRID:         tile.store %Y_base
 // HYBRID:       tile.kernel @llama_fwd(
 
