@@ -129,7 +129,8 @@ class _Step:
     kind: str | None = None
     operands: tuple[_Operand, ...] = ()
     keyword_operand: _Operand | None = None
-    region: Callable[[Sequence[tuple[str, Attribute]]], Block] | None = None
+    region: Region | None = None
+    """A traced region, cloned into every build."""
 
 
 def _options(op_type: type[AttnSyntaxOp], given: dict[str, OptionValue | None]) -> tuple[tuple[str, OptionValue], ...]:
@@ -296,11 +297,8 @@ class ProgramBuilder:
                          for name, spec in captures.items())
         index_args = [IndexType()] * 4
         arg_types: list[Attribute] = index_args if result == "bool" else [f32, *index_args]
-
-        def region(named: Sequence[tuple[str, Attribute]]) -> Block:
-            return trace_region(fn, arg_types, named, result, what)
-
-        return self._add(_Step(op_type, "scores", kind=kind, operands=operands, region=region))
+        block = trace_region(fn, arg_types, [(o.name, o.type) for o in operands], result, what)
+        return self._add(_Step(op_type, "scores", kind=kind, operands=operands, region=Region(block)))
 
     def build(self) -> Program:
         """The program: its IR verified and printed in the text format."""
@@ -368,7 +366,7 @@ class _Emitter:
         operands = [self.arg(o) for o in step.operands]
         regions: list[Region] = []
         if step.region is not None:
-            regions.append(Region(step.region([(o.name, o.type) for o in step.operands])))
+            regions.append(step.region.clone())
         elif step.op_type is MaskOp:
             regions.append(Region())
         groups: list[Any] = [value]

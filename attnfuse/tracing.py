@@ -282,6 +282,14 @@ class _Tracer:
         return (rem != 0) & ((rem < 0) ^ (divisor < 0))
 
     def pow(self, a: object, b: object) -> TracedValue:
+        """`a ** n` for a Python int 1 <= n <= 8 as products (exact, any sign of `a`); else
+        `math.powf`, which the kernels compute as exp2(b * log2(a)): for a > 0 only."""
+        if isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 8:
+            x = self.value(a, "**")
+            result = x
+            for _ in range(b - 1):
+                result = self.arith(result, x, arith.MulfOp, arith.MuliOp, "**")
+            return result
         x, y = self.to_float(a, "**"), self.to_float(b, "**")
         return self.emit(mathd.PowFOp(x.ssa, y.ssa))
 
