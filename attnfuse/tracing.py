@@ -44,6 +44,7 @@ _FLOAT_UNARY: dict[Any, type[Operation]] = {
     torch.log2: mathd.Log2Op, torch.tanh: mathd.TanhOp, torch.sqrt: mathd.SqrtOp,
     torch.rsqrt: mathd.RsqrtOp, torch.sin: mathd.SinOp, torch.cos: mathd.CosOp,
 }
+_OTHER_FUNCTIONS = (torch.where, torch.abs, torch.maximum, torch.minimum, torch.pow)
 _CMP = {"lt": ("slt", "olt"), "le": ("sle", "ole"), "gt": ("sgt", "ogt"), "ge": ("sge", "oge"),
         "eq": ("eq", "oeq"), "ne": ("ne", "une")}
 _NEEDS_VALUE = (
@@ -192,7 +193,10 @@ class TracedValue:
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        tracer = next(a._tracer for a in [*args, *(kwargs or {}).values()] if isinstance(a, TracedValue))
+        tracer = next((a._tracer for a in [*args, *(kwargs or {}).values()] if isinstance(a, TracedValue)), None)
+        if tracer is None:
+            raise TraceError(f"torch.{getattr(func, '__name__', func)}: traced values inside lists or tuples "
+                             "are not supported")
         return tracer.torch_function(func, args, kwargs or {})
 
 
@@ -350,7 +354,7 @@ class _Tracer:
 
     def torch_function(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> TracedValue:
         name = getattr(func, "__name__", str(func))
-        if kwargs:
+        if kwargs and (func in _FLOAT_UNARY or func in _OTHER_FUNCTIONS):
             raise TraceError(f"{self.what}: torch.{name} with keyword arguments is not supported")
         if func is torch.where and len(args) == 3:
             return self.select(*args)
