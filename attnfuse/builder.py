@@ -100,7 +100,7 @@ class Capture:
     shape: tuple[int | str, ...] = ()
     dtype: object = "f32"
 
-    def type(self, what: str) -> Attribute:
+    def to_type(self, what: str) -> Attribute:
         if not self.shape:
             return element_type(self.dtype, what)
         dims = [DYNAMIC if d == "?" else d for d in self.shape]
@@ -317,12 +317,12 @@ class ProgramBuilder:
 
 def _capture_type(spec: object, what: str) -> Attribute:
     if isinstance(spec, Capture):
-        return spec.type(what)
+        return spec.to_type(what)
     shape, dtype = getattr(spec, "shape", None), getattr(spec, "dtype", None)
     if shape is None or dtype is None:
         raise TypeError(f"{what}: expected attnfuse.builder.Capture(shape, dtype) or a tensor, "
                         f"got {type(spec).__name__}")
-    return Capture(tuple(shape), dtype).type(what)
+    return Capture(tuple(shape), dtype).to_type(what)
 
 
 class _Emitter:

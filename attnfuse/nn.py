@@ -24,6 +24,7 @@ the transposed view of the kernels' contiguous `[B, H, S, D]` result.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -89,7 +90,7 @@ class Attention(torch.nn.Module):
     """A compiled attention program as a module (see the module docstring)."""
 
     def __init__(self, program: Program | ProgramBuilder | str | os.PathLike[str], *, layout: str = "bhsd",
-                 params: dict[str, object] | None = None, pipeline: str | None = None, target: str | None = None,
+                 params: Mapping[str, object] | None = None, pipeline: str | None = None, target: str | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         if layout not in _LAYOUTS:

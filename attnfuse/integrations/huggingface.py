@@ -36,7 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, prepare_padding_m
 import attnfuse.api
 from attnfuse.builder import Program, attention
 
-__all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask", "compiled", "register"]
+__all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask_function", "compiled", "register"]
 
 NAME = "attnfuse"
 """The `attn_implementation` name `register()` uses by default."""
@@ -89,7 +89,7 @@ def compiled(config: AttentionConfig) -> attnfuse.api.AttentionFunction:
     return attnfuse.api.compile(config.program())
 
 
-def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+def attention_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
                    attention_mask: torch.Tensor | None = None, local_size: int | None = None,
                    allow_is_causal_skip: bool = True, use_vmap: bool = False, config: Any = None,
                    **kwargs: Any) -> torch.Tensor | None:
@@ -162,4 +162,4 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def register(name: str = NAME) -> None:
     """Register the backend with transformers as `attn_implementation=name`."""
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, attention_mask)
+    AttentionMaskInterface.register(name, attention_mask_function)
