@@ -2,8 +2,9 @@
 #
 # Setup is idempotent: it re-runs only when pyproject.toml or this file changes
 # (stamp file). The `hf` extra (transformers) is installed so the Hugging Face backend's
-# tests run (about 11 s of pip on the CI machine). numpy is installed because the Triton interpreter (TRITON_INTERPRET=1,
-# how kernels run without a GPU) imports it but triton does not declare it.
+# tests run (about 11 s of pip on the CI machine). numpy is installed because the Triton
+# interpreter (TRITON_INTERPRET=1, how kernels run without a GPU) imports it but triton
+# does not declare it.
 # Variables: PYTHON (interpreter that creates the venv, >= 3.11), VENV (its path),
 # TORCH_PIP_ARGS (extra pip arguments for torch, e.g. a CPU wheel index:
 # TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu").

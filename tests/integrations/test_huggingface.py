@@ -138,6 +138,24 @@ def test_decoding_with_a_cache(configs: list[huggingface.AttentionConfig]) -> No
     assert {c.window for c in decode} == {WINDOW, None}
 
 
+def test_training_dropout(configs: list[huggingface.AttentionConfig]) -> None:
+    """Dropout in training mode: the program's attn.dropout, seeded from torch's generator."""
+    cls, config = _models()["llama"]
+    config.attention_dropout = 0.5
+    torch.manual_seed(0)
+    model = cls._from_config(config, attn_implementation="attnfuse")
+    ids = torch.randint(0, COMMON["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        plain = model.eval()(ids).logits
+        model.train()
+        torch.manual_seed(1)
+        first = model(ids).logits
+        torch.manual_seed(1)
+        assert torch.equal(first, model(ids).logits)
+    assert not torch.allclose(first, plain)
+    assert {c.dropout for c in configs} == {0.0, 0.5}
+
+
 def _call(mask: Any = None, **kwargs: Any) -> Callable[[], Any]:
     module = torch.nn.Module()
     q, kv = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
