@@ -1,8 +1,10 @@
 # AttnFuse: `make demo` and `make test` set up .venv on first use, then run.
 #
 # Setup is idempotent: it re-runs only when pyproject.toml or this file changes
-# (stamp file). numpy is installed because the Triton interpreter (TRITON_INTERPRET=1,
-# how kernels run without a GPU) imports it but triton does not declare it.
+# (stamp file). The `hf` extra (transformers) is installed so the Hugging Face backend's
+# tests run (about 11 s of pip on the CI machine). numpy is installed because the Triton
+# interpreter (TRITON_INTERPRET=1, how kernels run without a GPU) imports it but triton
+# does not declare it.
 # Variables: PYTHON (interpreter that creates the venv, >= 3.11), VENV (its path),
 # TORCH_PIP_ARGS (extra pip arguments for torch, e.g. a CPU wheel index:
 # TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu").
@@ -40,7 +42,7 @@ $(PY):
 
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -e '.[test]' triton==3.6.0 numpy
+	$(PY) -m pip install -e '.[test,hf]' triton==3.6.0 numpy
 	touch $@
 
 clean-setup:

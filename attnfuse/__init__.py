@@ -23,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnfuse.api import AttentionFunction, AttnfuseArgumentError, compile
+    from attnfuse.builder import Capture, Program, attention
+    from attnfuse.params import ParameterError
 
-__all__ = ["AttentionFunction", "AttnfuseArgumentError", "compile"]
+__all__ = ["AttentionFunction", "AttnfuseArgumentError", "Capture", "ParameterError", "Program", "attention", "compile"]
+_HOMES = {"Capture": "builder", "Program": "builder", "attention": "builder", "ParameterError": "params"}
 __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # a library: no output unless asked
@@ -32,7 +35,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # a library: no o
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from attnfuse import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"attnfuse.{_HOMES.get(name, 'api')}"), name)
     raise AttributeError(f"module 'attnfuse' has no attribute {name!r}")

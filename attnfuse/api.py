@@ -22,7 +22,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,11 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, TensorType
 from xdsl.printer import Printer
 
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
+from attnfuse.builder import Program
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.source_locations import decode_source
 from attnfuse.dialects.tile import KernelOp
+from attnfuse.params import substitute
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
 from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
@@ -67,9 +69,11 @@ def _versions() -> str:
 
 
 def _read_program(program: object) -> tuple[str, str]:
-    """(text, filename) of a program given as text, a path or a module."""
+    """(text, filename) of a program given as text, a path, a module or a built program."""
     if isinstance(program, ModuleOp):
         return str(program), "<module>"
+    if isinstance(program, Program):
+        return program.text(), f"<program @{program.name}>"
     if isinstance(program, os.PathLike) or (
         isinstance(program, str) and "\n" not in program and program.endswith((".attn", ".mlir"))
     ):
@@ -78,8 +82,8 @@ def _read_program(program: object) -> tuple[str, str]:
     if isinstance(program, str):
         return program, "<program>"
     raise TypeError(
-        "attnfuse.compile: program must be program text (str), a path (str or os.PathLike) "
-        f"or an xDSL ModuleOp, got {type(program).__name__}"
+        "attnfuse.compile: program must be program text (str), a path (str or os.PathLike), "
+        f"an attnfuse.Program or an xDSL ModuleOp, got {type(program).__name__}"
     )
 
 
@@ -220,12 +224,16 @@ class AttentionFunction:
 
 
 def compile(  # noqa: A001 - the natural name, as torch.compile
-    program: str | os.PathLike[str] | ModuleOp,
+    program: str | os.PathLike[str] | ModuleOp | Program,
     pipeline: str | None = None,
     target: str | None = None,
     entry: str | None = None,
+    params: Mapping[str, object] | None = None,
 ) -> AttentionFunction:
-    """Compile an attn program (text, a path to a .attn file, or a module); ``target``
-    names the GPU the cost model plans for (``attnfuse.cost.known_targets()``)."""
+    """Compile an attn program (text, a path to a .attn file, a module, or a program from
+    `attnfuse.attention(...)`); ``target`` names the GPU the cost model plans for
+    (``attnfuse.cost.known_targets()``); ``params`` binds the text's ``${name}``
+    placeholders (`attnfuse.params`)."""
     text, filename = _read_program(program)
+    text = substitute(text, params, filename)
     return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, target, entry)

@@ -1,0 +1,1 @@
+"""Integrations with other libraries; each is imported on its own and changes nothing until asked."""
