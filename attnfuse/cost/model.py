@@ -12,7 +12,7 @@ A pre-kernel costs its bytes over :data:`PREKERNEL_EFFICIENCY` times the target'
 bandwidth, plus :data:`LAUNCH_S`. An element rotated in the kernel costs
 :func:`rotation_seconds` (FP32 vector work, a shared-memory round trip and the
 cos/sin table read from L2) times :data:`ROTATION_EXPOSURE`, the part that nothing
-overlaps. The two fitted constants come from the H200 sweep of run 11
+overlaps. The two fitted constants come from the H200 sweep of run 14
 (:mod:`attnfuse.cost.fit`); :data:`LAUNCH_S` is an assumption (on that sweep, whose
 batch x sequence is fixed, it cannot be told apart from the pre-kernel bandwidth).
 The cos/sin table is built once per shape class, so it is reported, not charged per call.
@@ -45,10 +45,10 @@ __all__ = [
 
 PLACEMENTS = ("fused", "hybrid", "separate")
 
-ROTATION_EXPOSURE = 1.144
-"""Fitted (run 11, H200): exposed in-kernel rotation time / :func:`rotation_seconds`."""
-PREKERNEL_EFFICIENCY = 0.332
-"""Fitted (run 11, H200): a pre-kernel's achieved fraction of the target's bandwidth."""
+ROTATION_EXPOSURE = 2.234
+"""Fitted (run 14, H200): exposed in-kernel rotation time / :func:`rotation_seconds`."""
+PREKERNEL_EFFICIENCY = 0.545
+"""Fitted (run 14, H200): a pre-kernel's achieved fraction of the target's bandwidth."""
 LAUNCH_S = 3e-6
 """Assumed GPU-side cost of one extra dependent kernel launch, seconds (not fitted)."""
 
@@ -77,9 +77,14 @@ class AttentionShape:
     block_n: int = 128
     gqa_pack: int = 1
     """Query heads of one GQA group that one program serves (1 in today's kernels)."""
+    fused_block_m: int = 256
+    fused_block_n: int = 64
+    """The tiles of a kernel that transforms K itself (`fused`): mask-tiling gives it
+    taller q blocks (`default_block_sizes`), which halves its K visits."""
 
     def __post_init__(self) -> None:
-        for what in ("batch", "q_heads", "kv_heads", "seq_len", "head_dim", "block_m", "block_n", "gqa_pack"):
+        for what in ("batch", "q_heads", "kv_heads", "seq_len", "head_dim", "block_m", "block_n", "gqa_pack",
+                     "fused_block_m", "fused_block_n"):
             if getattr(self, what) < 1:
                 raise ValueError(f"{what} must be >= 1, got {getattr(self, what)}")
         if self.q_heads % self.kv_heads:
@@ -172,7 +177,8 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
     q_rotation = b * hq * s * d
     if placement == "hybrid":
         return Work(q_rotation, per_head * hkv, 1)
-    k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(shape) * d
+    fused_tiles = AttentionShape(**{**shape.__dict__, "block_m": shape.fused_block_m, "block_n": shape.fused_block_n})
+    k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(fused_tiles) * d
     return Work(q_rotation + k_visits, 0, 0)
 
 
@@ -214,10 +220,10 @@ def extra_at_tokens(shape: AttentionShape, target: Target, placement: str, seq_l
 def crossover(
     shape: AttentionShape, target: Target, a: str = "fused", b: str = "hybrid", *, hi: int = 1 << 22
 ) -> int | None:
-    """The smallest S, a multiple of ``block_m`` (batch x S held fixed), at which ``a``
-    no longer beats ``b`` in the forward, by bisection on the predicted times; None if
-    ``a`` beats ``b`` nowhere or everywhere on [block_m, hi]."""
-    bm = shape.block_m
+    """The smallest S, a multiple of ``fused_block_m`` (batch x S held fixed), at which
+    ``a`` no longer beats ``b`` in the forward, by bisection on the predicted times; None
+    if ``a`` beats ``b`` nowhere or everywhere on [fused_block_m, hi]."""
+    bm = shape.fused_block_m
 
     def a_wins(blocks: int) -> bool:
         s = blocks * bm
@@ -236,7 +242,8 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     """The crossover of ``fused`` against ``b`` for a causal mask without window, in
     closed form (docs/cost-model.md), with launches spread over batch x S tokens.
 
-    ``fused`` adds ``E c Hq/P (S/BM + 1)/2`` per token and head dim (K visits) while
+    ``fused`` adds ``E c Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
+    own q block ``fused_block_m``) while
     ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch; ``separate``
     also the Q pre-kernel and a launch, less the Q rotation that ``fused`` keeps.
     """
@@ -250,4 +257,4 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
         pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c * hq
     elif b != "hybrid":
         raise ValueError(f"b must be hybrid or separate, got '{b}'")
-    return shape.block_m * (2 * shape.gqa_pack * pre / (c * hq) - 1)
+    return shape.fused_block_m * (2 * shape.gqa_pack * pre / (c * hq) - 1)

@@ -64,4 +64,6 @@ def shape_of(
         window=window,
         block_m=block_m,
         block_n=block_n or default_block_sizes(program, k_in_kernel=False)[1],
+        fused_block_m=default_block_sizes(program, k_in_kernel=True)[0],
+        fused_block_n=default_block_sizes(program, k_in_kernel=True)[1],
     )

@@ -11,7 +11,7 @@ __all__ = ["cost_report"]
 def _crossover_text(shape: AttentionShape, target: Target, other: str) -> str:
     found = crossover(shape, target, "fused", other)
     if found is None:
-        return f"fused vs {other}: no crossover for S in [{shape.block_m}, 4194304]"
+        return f"fused vs {other}: no crossover for S in [{shape.fused_block_m}, 4194304]"
     text = f"fused vs {other}: fused stops winning at S = {found}"
     if shape.causal and shape.window is None:
         text += f" (closed form S* = {crossover_closed_form(shape, target, other):.0f})"
@@ -26,7 +26,7 @@ def cost_report(name: str, shape: AttentionShape, target: Target) -> str:
     lines = [
         f"// cost report: @{name} on {target.name}: B={shape.batch} Hq={shape.q_heads} "
         f"Hkv={shape.kv_heads} S={shape.seq_len} D={shape.head_dim} {shape.dtype} {mask} "
-        f"tiles {shape.block_m}x{shape.block_n}",
+        f"tiles {shape.block_m}x{shape.block_n} (fused {shape.fused_block_m}x{shape.fused_block_n})",
         "//   placement   fwd us (added)   fwd+bwd us (added)",
     ]
     for p in PLACEMENTS:

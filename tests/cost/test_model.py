@@ -34,7 +34,8 @@ def test_added_work_counts_bytes_and_rotations() -> None:
     assert added_work(LLAMA, "hybrid") == model.Work(32 * n_head, 2 * 2 * n_head * 8, 1)
     fused = added_work(LLAMA, "fused")
     assert fused.prekernel_bytes == 0 and fused.launches == 0
-    assert fused.rotated_elements == 32 * n_head + LLAMA.batch * 32 * visited_kv_rows(LLAMA) * 128
+    fused_tiles = at(LLAMA, block_m=LLAMA.fused_block_m, block_n=LLAMA.fused_block_n)
+    assert fused.rotated_elements == 32 * n_head + LLAMA.batch * 32 * visited_kv_rows(fused_tiles) * 128
     packed = added_work(at(LLAMA, gqa_pack=4), "fused")
     assert packed.rotated_elements - 32 * n_head == (fused.rotated_elements - 32 * n_head) // 4
 
@@ -74,28 +75,32 @@ def test_monotonic_in_s_bandwidth_and_group() -> None:
     # a larger GQA group (fewer KV heads) makes the K pre-kernel cheaper: the crossover falls
     crossings = [crossover_closed_form(at(LLAMA, kv_heads=32 // g), H200) for g in (1, 2, 4, 8)]
     assert crossings == sorted(crossings, reverse=True)
-    # and so does a lower bandwidth-to-vector ratio; a larger block_m raises it
-    assert crossover_closed_form(at(LLAMA, block_m=64), H200) < crossover_closed_form(LLAMA, H200)
+    # a shorter q block for fused (more K visits) lowers it
+    assert crossover_closed_form(at(LLAMA, fused_block_m=128), H200) < crossover_closed_form(LLAMA, H200)
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 @pytest.mark.parametrize("other", ["hybrid", "separate"])
 def test_crossover_consistency(name: str, other: str) -> None:
     """At the closed-form S* the predicted added times are equal; the bisection lands
-    on the first multiple of block_m at or above it."""
+    on the first multiple of fused's q block at or above it (None when S* is below one
+    block: fused loses at every S)."""
     target = TARGETS[name]
     s_star = crossover_closed_form(LLAMA, target, other)
     tokens = LLAMA.batch * LLAMA.seq_len
     unit = model.ROTATION_EXPOSURE * model.rotation_seconds(target)
     # fused - other at fixed tokens, continuous in S (rows = S (S/BM + 1) / 2)
-    hq, d = LLAMA.q_heads, LLAMA.head_dim
-    fused = unit * tokens * hq * d * (1 + (s_star / LLAMA.block_m + 1) / 2)
+    hq, d, bm = LLAMA.q_heads, LLAMA.head_dim, LLAMA.fused_block_m
+    fused = unit * tokens * hq * d * (1 + (s_star / bm + 1) / 2)
     bw = model.PREKERNEL_EFFICIENCY * target.bandwidth()
     kv = 2 * tokens * LLAMA.kv_heads * d * 2 / bw + model.LAUNCH_S
     rest = unit * tokens * hq * d if other == "hybrid" else 2 * tokens * hq * d * 2 / bw + model.LAUNCH_S
     assert fused == pytest.approx(kv + rest, rel=1e-9)
     found = crossover(LLAMA, target, "fused", other)
-    assert found is not None and found - LLAMA.block_m < s_star <= found
+    if s_star < bm:
+        assert found is None
+    else:
+        assert found is not None and found - bm < s_star <= found
 
 
 def test_crossover_absent_when_fused_never_loses() -> None:
