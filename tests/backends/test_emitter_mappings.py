@@ -279,8 +279,6 @@ def test_ceildivsi_of_constants(a: int, b: int, want: int) -> None:
     assert result.item() == want
 
 
-@pytest.mark.xfail(strict=True, reason="bug: arith.maxnumf/minnumf are emitted as tl.maximum/tl.minimum, "
-                   "which propagate NaN in the interpreter; maxnumf(NaN, x) is x")
 @pytest.mark.parametrize("op", [arith.MaxnumfOp, arith.MinnumfOp], ids=["maxnumf", "minnumf"])
 @pytest.mark.parametrize("nan_first", [True, False], ids=["nan_lhs", "nan_rhs"])
 def test_numf_ignores_nan(op: type[Operation], nan_first: bool) -> None:

@@ -142,7 +142,10 @@ _OPERATORS: dict[type[Operation], str] = {
 _BINARY_CALLS: dict[type[Operation], str] = {
     arith.MaximumfOp: "tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
     arith.MinimumfOp: "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
-    arith.MaxnumfOp: "tl.maximum({}, {})", arith.MinnumfOp: "tl.minimum({}, {})",
+    # NaN-ignoring (IEEE maxNum / minNum) on the GPU and in the interpreter alike:
+    # tl.maximum's default (PropagateNan.NONE) ignores NaN on the GPU only.
+    arith.MaxnumfOp: "tl.where(({0} > {1}) | ({1} != {1}), {0}, {1})",
+    arith.MinnumfOp: "tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
     arith.MaxSIOp: "tl.maximum({}, {})", arith.MinSIOp: "tl.minimum({}, {})",
     # Rounds toward +inf for any signs (`//` and `%` truncate toward zero).
     arith.CeilDivSIOp: "{0} // {1} + (({0} % {1} != 0) & (({0} < 0) == ({1} < 0)))",
