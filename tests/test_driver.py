@@ -452,11 +452,6 @@ def test_recursion_in_a_pass_is_not_an_internal_error(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in lower-backward (not the driver): with static batch/seq dims it builds "
-    "host.alloc with size operands for a static type; found by the driver fuzz sweep",
-)
 def test_static_batch_and_seq_dims_compile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

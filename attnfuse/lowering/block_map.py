@@ -56,10 +56,10 @@ def build_block_map(
     slots = host.emit(arith.MuliOp(host.mul(batch, map_heads, "map_bh"), n_q), "map_slots")
     vec, mat = TensorType(i32, [DYNAMIC_INDEX]), TensorType(i32, [DYNAMIC_INDEX, DYNAMIC_INDEX])
     block_map = BlockMap(
-        partial_count=host.alloc(vec, [slots], "partial_count"),
-        partial_index=host.alloc(mat, [slots, n_kv], "partial_index"),
-        full_count=host.alloc(vec, [slots], "full_count"),
-        full_index=host.alloc(mat, [slots, n_kv], "full_index"),
+        partial_count=host.alloc(vec, {0: slots}, "partial_count"),
+        partial_index=host.alloc(mat, {0: slots, 1: n_kv}, "partial_index"),
+        full_count=host.alloc(vec, {0: slots}, "full_count"),
+        full_index=host.alloc(mat, {0: slots, 1: n_kv}, "full_index"),
         per_head=per_head,
     )
     sig = KernelSignature(remap)

@@ -129,13 +129,13 @@ class _Builder:
             inputs[tag] = source
             if pre:
                 assert isinstance(source.type, TensorType)
-                target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+                target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
                 name = f"{self.name}_bwd_{tag}_prologue"
                 kernel, operands = build_prekernel(name, source, target, pre, batch, seq, self.inv_freq, {}, self.remap)
                 self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
                 inputs[tag] = target
 
-        delta = host.alloc(_lse_type(out.type), [batch, q_len], "delta")
+        delta = host.alloc(_lse_type(out.type), {0: batch, 2: q_len}, "delta")
         kernel, operands = build_preprocess(f"{self.name}_bwd_preprocess", out, d_out, d_lse, delta,
                                             batch, q_len, hq, self.block_m)
         self._launch(kernel.sym_name.data, kernel, operands, q_len, self.block_m, q, batch)
@@ -146,11 +146,11 @@ class _Builder:
         for index, op in enumerate(p.score_ops):
             if isinstance(op, BiasOp) and op.kind_name == "tensor":
                 full = TensorType(f32, [-1 if d < 0 else d for d in (-1, hq, -1, -1)])
-                grads.bias[index] = host.alloc(_dyn(full), [batch, q_len, kv_len], f"d_bias{index}", zero=True)
+                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}", zero=True)
             elif isinstance(op, BiasOp) and op.slopes is not None:
-                grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], f"d_slopes{index}")
+                grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, f"d_slopes{index}")
         if self.online.sinks is not None:
-            grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], "d_sinks")
+            grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, "d_sinks")
         q_kernel_tf, k_kernel_tf = self.in_kernel(p.q.transforms), self.in_kernel(p.k.transforms)
         q_slots = host.emit(arith.MuliOp(host.mul(batch, hq, "q_bh"), n_q), "q_slots")
         k_slots = host.emit(arith.MuliOp(host.mul(batch, hk, "k_bh"), n_kv), "k_slots")
@@ -158,11 +158,11 @@ class _Builder:
         for tf, store, slots in ((q_kernel_tf, grads.q_weights, q_slots), (k_kernel_tf, grads.k_weights, k_slots)):
             for i, op in enumerate(tf):
                 if isinstance(op, QKNormOp) and op.weight is not None:
-                    store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_norm_w_partial{i}")
+                    store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len)
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len)
-        d_v = host.alloc(v.type, [batch, kv_len], "d_v")
+        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = None
         if self.online.str_option("block_map") == "runtime":
             block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
@@ -218,7 +218,7 @@ class _Builder:
 
     def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue) -> SSAValue:
         ty = _f32_like(source.type) if self.pre(transforms) else source.type
-        return self.host.alloc(_dyn(ty), [batch, seq], f"d_{tag}_rotated" if self.pre(transforms) else f"d_{tag}")
+        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, f"d_{tag}_rotated" if self.pre(transforms) else f"d_{tag}")
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
@@ -229,9 +229,9 @@ class _Builder:
         heads, head_dim = _dim(source.type, 1), _dim(source.type, 3)
         n_blocks = host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_row_blocks")
         slots = host.emit(arith.MuliOp(host.mul(batch, heads, f"{tag}_pre_bh"), n_blocks), f"{tag}_pre_slots")
-        partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_{tag}_norm_w{i}")
+        partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_{tag}_norm_w{i}")
                     for i, op in enumerate(pre) if isinstance(op, QKNormOp) and op.weight is not None}
-        target = host.alloc(source.type, [batch, seq], f"d_{tag}")
+        target = host.alloc(source.type, {0: batch, 2: seq}, f"d_{tag}")
         name = f"{self.name}_bwd_{tag}_prologue_transpose"
         kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,
                                                     partials, self.remap)

@@ -151,7 +151,7 @@ class LowerToTilePass(ModulePass):
             if not pre:
                 continue
             assert isinstance(source.type, TensorType)
-            target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+            target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
             name = f"{fname}_{tag}_prologue"
             kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {})
             heads = source.type.get_shape()[1]
@@ -167,12 +167,12 @@ class LowerToTilePass(ModulePass):
         assert isinstance(online, OnlineSoftmaxOp)
         block_m = online.int_option("block_m")
         hq = program.heads[0]
-        out = host.alloc(online.output.type, [batch, q_len], "out")
+        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out")
         # The lse is always produced: the backward needs it and return_lse exposes it.
         assert isinstance(online.output.type, TensorType)
         out_shape = online.output.type.get_shape()
         lse_type = TensorType(f32, out_shape[:3])
-        lse = host.alloc(lse_type, [batch, q_len], "lse")
+        lse = host.alloc(lse_type, {0: batch, 2: q_len}, "lse")
         planned = set(effective_masks(program.score_ops)) if (
             online.int_option("band_exact") or online.str_option("block_map") == "runtime"
         ) else set()
@@ -180,7 +180,7 @@ class LowerToTilePass(ModulePass):
         if online.str_option("block_map") == "runtime":
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
-        counter = host.alloc(TensorType(i32, [1]), [], "tile_count", zero=True) if self.count_tiles else None
+        counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         tables = RopeTables(host, fname, (q_len, kv_len), inv_freq) if self.rope_table else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
