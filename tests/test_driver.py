@@ -462,6 +462,38 @@ def test_static_batch_and_seq_dims_compile(
     assert "@triton.jit" in out
 
 
+HEADS = """\
+func.func @f(%q: tensor<?x{hq}x?x{d}xbf16>, %k: tensor<?x{hk}x?x{d}xbf16>,
+             %v: tensor<?x{hv}x?x{d}xbf16>) -> tensor<?x{hq}x?x{d}xbf16> {{
+  %s = attn.scores %q, %k : tensor<?x{hq}x?x{d}xbf16>, tensor<?x{hk}x?x{d}xbf16> -> !attn.scores<?x{hq}x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x{hq}x?x?xf32> -> !attn.probs<?x{hq}x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x{hq}x?x?xf32>, tensor<?x{hv}x?x{d}xbf16> -> tensor<?x{hq}x?x{d}xbf16>
+  func.return %o : tensor<?x{hq}x?x{d}xbf16>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "shape,line,message",
+    [
+        (dict(hq=32, hk=5, hv=5, d=128), 3, "'attn.scores' op query heads (32) must be a multiple of key heads (5)"),
+        (dict(hq=32, hk=8, hv=5, d=128), 5, "'attn.weighted_sum' op heads (32) must be a multiple of v heads (5)"),
+        (dict(hq=32, hk=8, hv=16, d=128), 3,
+         "'attn.scores' op the backward needs K and V with the same number of heads (K 8, V 16)"),
+    ],
+    ids=["k_heads", "v_heads", "k_ne_v_heads"],
+)
+def test_unlowerable_shapes_are_located(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: dict[str, int], line: int, message: str
+) -> None:
+    """Head counts and head dims the kernels cannot take are reported at the op
+    (file:line:col), whether the verifier or a lowering pass finds them."""
+    path = write(tmp_path, HEADS.format(**shape), "heads.attn")
+    code, _, err = run([path, "-t", "triton"], capsys)
+    assert code == EXIT_ERROR
+    assert err.startswith(f"{path}:{line}:8: error: {message}"), err
+
+
 def test_example_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--example NAME` reads a shipped program, from any working directory."""
     monkeypatch.chdir(tmp_path)

@@ -121,7 +121,7 @@ class _Builder:
         one = host.const(1, "one")
         hq, hk, hv = p.heads
         if hk != hv:
-            raise ProgramError("the backward needs K and V with the same number of heads", p.scores)
+            raise ProgramError(f"the backward needs K and V with the same number of heads (K {hk}, V {hv})", p.scores)
         sides = {"q": (p.q, q, q_len), "k": (p.k, k, kv_len)}
         inputs: dict[str, SSAValue] = {}
         for tag, (side, source, seq) in sides.items():
