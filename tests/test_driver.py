@@ -480,8 +480,11 @@ func.func @f(%q: tensor<?x{hq}x?x{d}xbf16>, %k: tensor<?x{hk}x?x{d}xbf16>,
         (dict(hq=32, hk=8, hv=5, d=128), 5, "'attn.weighted_sum' op heads (32) must be a multiple of v heads (5)"),
         (dict(hq=32, hk=8, hv=16, d=128), 3,
          "'attn.scores' op the backward needs K and V with the same number of heads (K 8, V 16)"),
+        (dict(hq=4, hk=2, hv=2, d=65536), 3,
+         "'attn.scores' op head dim 65536 is too wide for blocks of 64 x 64 rows "
+         "(lower-backward{block-m block-n}): a [64, 65536] tile has more than Triton's 1048576 elements"),
     ],
-    ids=["k_heads", "v_heads", "k_ne_v_heads"],
+    ids=["k_heads", "v_heads", "k_ne_v_heads", "head_dim_65536"],
 )
 def test_unlowerable_shapes_are_located(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: dict[str, int], line: int, message: str

@@ -42,6 +42,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
 from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
@@ -328,6 +329,7 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.option("block_m") is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
+            check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
                                self.rope_table, self.transforms_in_kernel,
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps))

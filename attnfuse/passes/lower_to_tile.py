@@ -47,6 +47,7 @@ from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec, _pow2
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -125,6 +126,8 @@ class LowerToTilePass(ModulePass):
                 raise ProgramError("lower-to-tile runs after online-softmax", program.scores)
             if program.online.option("block_m") is None:
                 raise ProgramError("lower-to-tile runs after mask-tiling", program.online)
+            block_m, block_n = program.online.int_option("block_m"), program.online.int_option("block_n")
+            check_tile_rows(program, block_m, block_n, "mask-tiling{block-m block-n}")
             for kernel in self._lower(program):
                 op.body.block.add_op(kernel)
 
