@@ -16,11 +16,11 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, i32
 from xdsl.ir import Operation, SSAValue
 
+from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
 from attnfuse.lowering.forward import BlockMap
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature
-from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram
 
 
@@ -46,7 +46,7 @@ def build_block_map(
     """Allocate the map buffers, launch the map kernel; return them and the kernel."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
-    bm, bn = blocks or (online.int_option("block_m"), online.int_option("block_n"))
+    bm, bn = blocks or (online.plan.block_m.data, online.plan.block_n.data)
     masks = effective_masks(program.score_ops)
     per_head = any(_uses_head(m) for m in masks)
     heads = program.heads[0]

@@ -26,6 +26,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
+from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -44,7 +45,6 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
-from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -165,13 +165,13 @@ class _Builder:
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len)
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = None
-        if self.online.str_option("block_map") == "runtime":
+        if self.online.plan.has_runtime_block_map():
             block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
                                                     one, f"{self.name}_bwd", remap=self.remap,
                                                     blocks=(self.block_m, self.block_n))
             self.kernels.append(map_kernel)
         planned = set(effective_masks(p.score_ops)) if (
-            self.online.int_option("band_exact") or block_map is not None) else set()
+            self.online.plan.is_exact() or block_map is not None) else set()
         tables = RopeTables(host, f"{self.name}_bwd", (q_len, kv_len), self.inv_freq, self.remap) \
             if self.rope_table else None
         fwd_spec = ForwardSpec(
@@ -327,7 +327,7 @@ class LowerBackwardPass(ModulePass):
             )
         for function in functions:
             program = analyze(function)
-            if program.online is None or program.online.option("block_m") is None:
+            if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
             check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
