@@ -46,6 +46,7 @@ from attnfuse.source_locations import (
 __all__ = [
     "LocatedError",
     "LocatingParser",
+    "OpError",
     "SourceDiagnostic",
     "SourceLocations",
     "VerificationError",
@@ -97,6 +98,15 @@ class LocatedError(DiagnosticException):
 
 class VerificationError(LocatedError, VerifyException):
     """A verifier failure located at the offending operation."""
+
+
+class OpError(DiagnosticException):
+    """An error about ``op`` (when known) that the pass manager reports at ``op``'s
+    source location, for analyses that do not build the diagnostic themselves."""
+
+    def __init__(self, message: str, op: Operation | None = None) -> None:
+        super().__init__(message)
+        self.op = op
 
 
 def error_at(op: Operation, message: str, *, notes: Sequence[str] = ()) -> LocatedError:

@@ -30,9 +30,11 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from attnfuse.cost.target import UnknownTargetError, get_target
 from attnfuse.diagnostics import (
     LocatedError,
+    OpError,
     SourceLocations,
     VerificationError,
     describe_spec_error,
+    error_at,
     locations_of,
     verify_module,
 )
@@ -433,6 +435,10 @@ class PassManager:
         except LocatedError as e:
             e.diagnostic.notes.append(f"in pass '{p.name}'")
             raise
+        except OpError as e:
+            if e.op is None:
+                raise PassFailedError(p.name, e) from e
+            raise error_at(e.op, str(e), notes=[f"in pass '{p.name}'"]) from e
         except (DiagnosticException, ValueError) as e:
             raise PassFailedError(p.name, e) from e
         except Exception as e:  # anything else is a bug in the pass

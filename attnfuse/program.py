@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import BlockArgument, Operation, SSAValue
-from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects.attn import (
     SCORE_OPS,
@@ -27,14 +26,11 @@ from attnfuse.dialects.attn import (
     WeightedSumOp,
 )
 from attnfuse.dialects.attn_types import qkv_shape
+from attnfuse.diagnostics import OpError
 
 
-class ProgramError(DiagnosticException):
-    """A function that is not a lowerable attention program."""
-
-    def __init__(self, message: str, op: Operation | None = None) -> None:
-        self.op = op
-        super().__init__(message)
+class ProgramError(OpError):
+    """A function that is not a lowerable attention program (located at `op`)."""
 
 
 @dataclass

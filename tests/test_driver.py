@@ -452,11 +452,6 @@ def test_recursion_in_a_pass_is_not_an_internal_error(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in lower-backward (not the driver): with static batch/seq dims it builds "
-    "host.alloc with size operands for a static type; found by the driver fuzz sweep",
-)
 def test_static_batch_and_seq_dims_compile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -465,6 +460,41 @@ def test_static_batch_and_seq_dims_compile(
     code, out, err = run([write(tmp_path, text, "static.attn"), "-t", "triton"], capsys)
     assert code == 0, err
     assert "@triton.jit" in out
+
+
+HEADS = """\
+func.func @f(%q: tensor<?x{hq}x?x{d}xbf16>, %k: tensor<?x{hk}x?x{d}xbf16>,
+             %v: tensor<?x{hv}x?x{d}xbf16>) -> tensor<?x{hq}x?x{d}xbf16> {{
+  %s = attn.scores %q, %k : tensor<?x{hq}x?x{d}xbf16>, tensor<?x{hk}x?x{d}xbf16> -> !attn.scores<?x{hq}x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x{hq}x?x?xf32> -> !attn.probs<?x{hq}x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x{hq}x?x?xf32>, tensor<?x{hv}x?x{d}xbf16> -> tensor<?x{hq}x?x{d}xbf16>
+  func.return %o : tensor<?x{hq}x?x{d}xbf16>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "shape,line,message",
+    [
+        (dict(hq=32, hk=5, hv=5, d=128), 3, "'attn.scores' op query heads (32) must be a multiple of key heads (5)"),
+        (dict(hq=32, hk=8, hv=5, d=128), 5, "'attn.weighted_sum' op heads (32) must be a multiple of v heads (5)"),
+        (dict(hq=32, hk=8, hv=16, d=128), 3,
+         "'attn.scores' op the backward needs K and V with the same number of heads (K 8, V 16)"),
+        (dict(hq=4, hk=2, hv=2, d=65536), 3,
+         "'attn.scores' op head dim 65536 is too wide for blocks of 64 x 64 rows "
+         "(lower-backward{block-m block-n}): a [64, 65536] tile has more than Triton's 1048576 elements"),
+    ],
+    ids=["k_heads", "v_heads", "k_ne_v_heads", "head_dim_65536"],
+)
+def test_unlowerable_shapes_are_located(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: dict[str, int], line: int, message: str
+) -> None:
+    """Head counts and head dims the kernels cannot take are reported at the op
+    (file:line:col), whether the verifier or a lowering pass finds them."""
+    path = write(tmp_path, HEADS.format(**shape), "heads.attn")
+    code, _, err = run([path, "-t", "triton"], capsys)
+    assert code == EXIT_ERROR
+    assert err.startswith(f"{path}:{line}:8: error: {message}"), err
 
 
 def test_example_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,10 @@ The cos/sin table is built once per shape class, so it is reported, not charged 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from attnfuse.analysis import bands
+from attnfuse.analysis.bands import Band
 from attnfuse.cost.target import Target
 
 __all__ = [
@@ -114,13 +115,8 @@ class AttentionShape:
 def visited_kv_rows(shape: AttentionShape) -> int:
     """Key rows one (batch, query head) program sequence loads: summed over q blocks,
     whole key tiles, causal / window tiles skipped as mask-tiling skips them."""
-    s, bm, bn = shape.seq_len, shape.block_m, shape.block_n
-    rows = 0
-    for i in range(math.ceil(s / bm)):
-        hi = min(s, (i + 1) * bm) if shape.causal else s
-        lo = max(0, i * bm - shape.window) if shape.window is not None else 0
-        rows += min(s, math.ceil(hi / bn) * bn) - (lo // bn) * bn
-    return rows
+    band = Band(None if shape.window is None else -shape.window, 0 if shape.causal else None)
+    return bands.visited_kv_rows(band, shape.seq_len, shape.seq_len, shape.block_m, shape.block_n)
 
 
 def rotation_seconds(target: Target, dtype: str = "bf16") -> float:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, TensorType
 
+from attnfuse.analysis.masks import mask_band
+from attnfuse.analysis.tile_plan import default_block_sizes
 from attnfuse.cost.model import AttentionShape
 from attnfuse.dialects.attn import MaskOp
-from attnfuse.passes.mask_tiling import default_block_sizes
 from attnfuse.program import AttentionProgram
 
 __all__ = ["BENCH_TOKENS", "DEFAULT_SEQ_LEN", "shape_of"]
@@ -34,9 +35,9 @@ def _mask(program: AttentionProgram) -> tuple[bool, int | None]:
         if kind in ("causal", "prefix_lm"):
             causal = True
         elif kind == "sliding_window":
-            left, right = op.option("left"), op.option("right")
-            causal |= right is not None and int(right) == 0
-            window = None if left is None else int(left)
+            band = mask_band(op)
+            causal |= band.upper == 0
+            window = None if band.lower is None else -band.lower
     return causal, window
 
 

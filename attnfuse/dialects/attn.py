@@ -52,7 +52,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn_online import OnlineSoftmaxOp
+from attnfuse.dialects.attn_online import OnlineSoftmaxOp, TilePlanAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import (
     DYNAMIC,
@@ -671,7 +671,7 @@ Attn = Dialect(
         YieldOp,
         OnlineSoftmaxOp,
     ],
-    [ScoresType, ProbsType],
+    [ScoresType, ProbsType, TilePlanAttr],
 )
 
 __all__ = [
@@ -689,6 +689,7 @@ __all__ = [
     "ScoresType",
     "SoftcapOp",
     "SoftmaxOp",
+    "TilePlanAttr",
     "WeightedSumOp",
     "YieldOp",
     "DYNAMIC",

@@ -1,39 +1,29 @@
-"""`attn.online_softmax`: the streaming form of softmax + weighted_sum.
+"""`attn.online_softmax`: the streaming form of softmax + weighted_sum, and its tile plan.
 
 Not written by users: the `online-softmax` pass produces it from `attn.softmax`
-(+ `attn.dropout`) + `attn.weighted_sum`, and `mask-tiling` records the tile plan on it.
-It computes exactly what the ops it replaces compute, but states the algorithm the kernel
-uses: KV is visited in blocks of `block_n` keys with a running row max `m`, a running
-sum `l` and an fp32 accumulator; sink logits, when present, start the state at
+(+ `attn.dropout`) + `attn.weighted_sum`, and `mask-tiling` records a `#attn.tile_plan`
+on it. It computes exactly what the ops it replaces compute, but states the algorithm the
+kernel uses: KV is visited in blocks of `block_n` keys with a running row max `m`, a
+running sum `l` and an fp32 accumulator; sink logits, when present, start the state at
 `m = sink, l = 1`.
 
 ```mlir
-%o, %lse = attn.online_softmax %s, %v sinks %sk {block_m = 128, block_n = 64}
+%o, %lse = attn.online_softmax %s, %v sinks %sk {tile_plan = #attn.tile_plan<128x64>}
     : !attn.scores<?x64x?x?xf32>, tensor<?x8x?x64xbf16>, tensor<64xf32>
     -> tensor<?x64x?x64xbf16>, tensor<?x64x?xf32>
 ```
-
-The tile plan options (set by `mask-tiling`) describe which (q block, kv block) tiles
-are visited and which need no mask code:
-
-* `band_lower`/`band_upper`: every kept element satisfies
-  `band_lower <= kv_idx - q_idx - diag <= band_upper`, where `diag` is 0 (`band_align =
-  "top_left"`) or `kv_len - q_len` (`"bottom_right"`); a missing bound is unbounded.
-* `prefix`: keys `< prefix` are also kept (prefix-lm), a static length or `-1` for the
-  per-batch prefix operand of the mask.
-* `band_exact = 1`: the band (plus prefix) *is* the whole mask, so tiles inside it are
-  full and run without mask code.
-* `block_map = "runtime"`: a data-dependent mask (document ids, non-affine predicates):
-  tiles are classified empty / partial / full on the GPU at run time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, StringAttr, TensorType
+from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntAttr, IntegerType, NoneAttr, StringAttr, TensorType
+from xdsl.ir import Attribute, ParametrizedAttribute
 from xdsl.irdl import (
     AttrSizedOperandSegments,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_operand_def,
@@ -42,11 +32,165 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import Option, ScoresType, qkv_shape, vector_shape
+
+_ALIGNS = ("top_left", "bottom_right")
+_CLAUSES = ("band", "exact", "prefix", "runtime_block_map")
+
+
+def _opt_int(value: int | None) -> IntAttr | NoneAttr:
+    return NoneAttr() if value is None else IntAttr(value)
+
+
+def _parameters(
+    block_m: int, block_n: int, lower: int | None, upper: int | None, align: str, exact: bool,
+    prefix: int | None, runtime_block_map: bool,
+) -> tuple[Attribute, ...]:
+    """The parameters of a `TilePlanAttr`, in order."""
+    return (
+        IntAttr(block_m), IntAttr(block_n), _opt_int(lower), _opt_int(upper), StringAttr(align),
+        BoolAttr.from_bool(exact), _opt_int(prefix), BoolAttr.from_bool(runtime_block_map),
+    )
+
+
+def _int_or_none(attr: IntAttr | NoneAttr) -> int | None:
+    return attr.data if isinstance(attr, IntAttr) else None
+
+
+def _parse_bound(parser: AttrParser) -> int | None:
+    """A band bound: an integer, or `?` for an unbounded side."""
+    if parser.parse_optional_punctuation("?") is not None:
+        return None
+    return parser.parse_integer(allow_boolean=False)
+
+
+def _format_bound(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+@irdl_attr_definition
+class TilePlanAttr(ParametrizedAttribute):
+    """
+    Which (q block, kv block) tiles the kernels of an `attn.online_softmax` visit, and
+    which run without mask code (set by `mask-tiling`).
+
+    * `block_m x block_n`: query rows x keys of a tile;
+    * `band [lower, upper]`: every kept element satisfies
+      `lower <= kv_idx - q_idx - diag <= upper` (`?`: unbounded), where `diag` is 0, or
+      `kv_len - q_len` when `bottom_right` follows;
+    * `prefix`: keys below it are also kept (prefix-lm), `-1` for the mask's operand;
+    * `exact`: the band (plus prefix) *is* the whole mask, so tiles inside it are full;
+    * `runtime_block_map`: a data-dependent mask (document ids, non-affine predicates):
+      tiles are classified empty / partial / full on the GPU at run time.
+
+    ```mlir
+    #attn.tile_plan<128x64>
+    #attn.tile_plan<128x64, band [-4095, 0], exact>
+    #attn.tile_plan<64x32, band [?, 0] bottom_right, exact, prefix 100>
+    #attn.tile_plan<128x64, band [?, 0], runtime_block_map>
+    ```
+    """
+
+    name = "attn.tile_plan"
+
+    block_m: IntAttr
+    block_n: IntAttr
+    band_lower: IntAttr | NoneAttr
+    band_upper: IntAttr | NoneAttr
+    band_align: StringAttr
+    exact: BoolAttr
+    prefix: IntAttr | NoneAttr
+    runtime_block_map: BoolAttr
+
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        *,
+        lower: int | None = None,
+        upper: int | None = None,
+        align: str = "top_left",
+        exact: bool = False,
+        prefix: int | None = None,
+        runtime_block_map: bool = False,
+    ) -> None:
+        super().__init__(*_parameters(block_m, block_n, lower, upper, align, exact, prefix, runtime_block_map))
+
+    def verify(self) -> None:
+        for name, size in (("block_m", self.block_m.data), ("block_n", self.block_n.data)):
+            if size < 16 or size & (size - 1):
+                raise VerifyException(f"#attn.tile_plan: {name} must be a power of two >= 16, got {size}")
+        if self.band_align.data not in _ALIGNS:
+            raise VerifyException(f"#attn.tile_plan: band alignment must be one of {', '.join(_ALIGNS)}")
+
+    # ------------------------------------------------------------------ accessors
+
+    def get_band(self) -> tuple[int | None, int | None]:
+        """(lowest, highest) kept `kv_idx - q_idx - diag`; None: unbounded."""
+        return _int_or_none(self.band_lower), _int_or_none(self.band_upper)
+
+    def is_bottom_right(self) -> bool:
+        """Whether `diag` is `kv_len - q_len` (else 0)."""
+        return self.band_align.data == "bottom_right"
+
+    def get_prefix(self) -> int | None:
+        return _int_or_none(self.prefix)
+
+    def is_exact(self) -> bool:
+        return bool(self.exact.value.data)
+
+    def has_runtime_block_map(self) -> bool:
+        return bool(self.runtime_block_map.value.data)
+
+    # ------------------------------------------------------------------ syntax
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            block_m = parser.parse_shape_dimension(allow_dynamic=False)
+            parser.parse_shape_delimiter()
+            block_n = parser.parse_shape_dimension(allow_dynamic=False)
+            lower = upper = prefix = None
+            align = "top_left"
+            given: set[str] = set()
+            while parser.parse_optional_punctuation(",") is not None:
+                start = parser.pos
+                clause = parser.parse_keyword_in(_CLAUSES, " in #attn.tile_plan")
+                if clause in given:
+                    parser.raise_error(f"'{clause}' given twice", start, parser.pos)
+                given.add(clause)
+                if clause == "band":
+                    parser.parse_punctuation("[")
+                    lower = _parse_bound(parser)
+                    parser.parse_punctuation(",")
+                    upper = _parse_bound(parser)
+                    parser.parse_punctuation("]")
+                    align = parser.parse_optional_keyword_in(_ALIGNS) or "top_left"
+                elif clause == "prefix":
+                    prefix = parser.parse_integer(allow_boolean=False)
+        exact, runtime_block_map = "exact" in given, "runtime_block_map" in given
+        return _parameters(block_m, block_n, lower, upper, align, exact, prefix, runtime_block_map)
+
+    def print_parameters(self, printer: Printer) -> None:
+        clauses = [f"{self.block_m.data}x{self.block_n.data}"]
+        lower, upper = self.get_band()
+        if (lower, upper) != (None, None) or self.is_bottom_right():
+            band = f"band [{_format_bound(lower)}, {_format_bound(upper)}]"
+            clauses.append(band + (" bottom_right" if self.is_bottom_right() else ""))
+        if self.is_exact():
+            clauses.append("exact")
+        if (prefix := self.get_prefix()) is not None:
+            clauses.append(f"prefix {prefix}")
+        if self.has_runtime_block_map():
+            clauses.append("runtime_block_map")
+        with printer.in_angle_brackets():
+            printer.print_string(", ".join(clauses))
 
 
 @irdl_op_definition
@@ -60,15 +204,8 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     dropout_seed = opt_operand_def(IntegerType)
     output = result_def(TensorType)
     lse = opt_result_def(TensorType)
-    block_m = opt_prop_def(IntegerAttr)
-    block_n = opt_prop_def(IntegerAttr)
     dropout_p = opt_prop_def(FloatAttr)
-    band_lower = opt_prop_def(IntegerAttr)
-    band_upper = opt_prop_def(IntegerAttr)
-    band_align = opt_prop_def(StringAttr)
-    band_exact = opt_prop_def(IntegerAttr)
-    prefix = opt_prop_def(IntegerAttr)
-    block_map = opt_prop_def(StringAttr)
+    tile_plan = opt_prop_def(TilePlanAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(Pure())
 
@@ -76,16 +213,15 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("sinks", "dropout_seed")
     EXPLICIT_RESULTS: ClassVar[bool] = True
     OPTIONS: ClassVar[tuple[Option, ...]] = (
-        Option("block_m", int, None, doc="query rows per program (set by mask-tiling)"),
-        Option("block_n", int, None, doc="keys per KV block"),
         Option("dropout_p", float, 0.0, doc="dropout probability, with dropout_seed"),
-        Option("band_lower", int, None, doc="lowest kept kv - q - diag"),
-        Option("band_upper", int, None, doc="highest kept kv - q - diag"),
-        Option("band_align", str, "top_left", ("top_left", "bottom_right")),
-        Option("band_exact", int, 0, doc="1 when band + prefix is the whole mask"),
-        Option("prefix", int, None, doc="keys below it are always kept; -1: operand"),
-        Option("block_map", str, "none", ("none", "runtime")),
+        Option("tile_plan", TilePlanAttr, None, doc="set by mask-tiling"),
     )
+
+    @property
+    def plan(self) -> TilePlanAttr:
+        """The tile plan (`mask-tiling` must have run)."""
+        assert self.tile_plan is not None, "attn.online_softmax has no tile plan (run mask-tiling)"
+        return self.tile_plan
 
     def verify_(self) -> None:
         assert isinstance(self.input.type, ScoresType)
@@ -95,7 +231,3 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
             vector_shape(self.sinks.type, "attn.online_softmax sinks", h)
         if (self.dropout_seed is None) != (self.float_option("dropout_p") == 0.0):
             raise VerifyException("attn.online_softmax: dropout_p and dropout_seed go together")
-        for name in ("block_m", "block_n"):
-            value = self.option(name)
-            if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
-                raise VerifyException(f"attn.online_softmax: {name} must be a power of two >= 16")

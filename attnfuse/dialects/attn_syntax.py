@@ -26,7 +26,7 @@ from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn_types import F32_MAX, Option, option_value, parse_options, print_options
+from attnfuse.dialects.attn_types import F32_MAX, Option, OptionValue, option_value, parse_options, print_options
 
 
 class AttnSyntaxOp(IRDLOperation):
@@ -48,7 +48,7 @@ class AttnSyntaxOp(IRDLOperation):
 
     # ------------------------------------------------------------------ accessors
 
-    def option(self, name: str) -> float | int | str | None:
+    def option(self, name: str) -> OptionValue | None:
         """The value of an option, or its default when it was not written."""
         for opt in self.OPTIONS:
             if opt.name == name:

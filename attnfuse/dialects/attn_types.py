@@ -193,17 +193,24 @@ def int_tensor(value_type: Attribute, what: str, rank: int) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- options
 
 
+OptionValue = float | int | str | Attribute
+"""The value of an option: a Python number or string, or an attribute."""
+
+
 @dataclass(frozen=True)
 class Option:
     """One `{key = value}` option of an attn op: stored as a property when given."""
 
     name: str
-    kind: type[float] | type[int] | type[str]
+    kind: type[float] | type[int] | type[str] | type[Attribute]
+    """A Python value kind, or an attribute class (written in full: `#attn.tile_plan<...>`)."""
     default: float | int | str | None
     choices: tuple[str, ...] = ()
     doc: str = ""
 
-    def to_attr(self, value: float | int | str) -> Attribute:
+    def to_attr(self, value: OptionValue) -> Attribute:
+        if isinstance(value, Attribute):
+            return value
         if self.kind is float:
             return FloatAttr(float(value), f64)
         if self.kind is int:
@@ -211,17 +218,19 @@ class Option:
         return StringAttr(str(value))
 
 
-def option_value(attr: Attribute) -> float | int | str:
+def option_value(attr: Attribute) -> OptionValue:
     if isinstance(attr, FloatAttr):
         return float(attr.value.data)
     if isinstance(attr, IntegerAttr):
         return int(attr.value.data)
     if isinstance(attr, StringAttr):
         return attr.data
-    raise ValueError(f"not an option value: {attr}")
+    return attr
 
 
-def format_option_value(value: float | int | str) -> str:
+def format_option_value(value: OptionValue) -> str:
+    if isinstance(value, Attribute):
+        return str(value)
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, float):
@@ -260,8 +269,14 @@ def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> di
             parser.raise_error(f"option '{key}' given twice", start, parser.pos)
         parser.parse_punctuation("=")
         value_start = parser.pos
-        value: float | int | str | None
-        if option.kind is str:
+        value: OptionValue | None
+        if option.kind not in (float, int, str):
+            value = parser.parse_attribute()
+            if not isinstance(value, option.kind):
+                parser.raise_error(
+                    f"option '{key}' expects #{option.kind.name}<...>", value_start, parser.pos
+                )
+        elif option.kind is str:
             value = parser.parse_optional_str_literal()
             if value is None:
                 value = parser.parse_optional_identifier()
@@ -306,7 +321,7 @@ def parse_options(parser: Parser, op_name: str, options: Sequence[Option]) -> di
             )
 
 
-def print_options(printer: Printer, values: Sequence[tuple[str, float | int | str]]) -> None:
+def print_options(printer: Printer, values: Sequence[tuple[str, OptionValue]]) -> None:
     if not values:
         return
     body = ", ".join(f"{k} = {format_option_value(v)}" for k, v in values)

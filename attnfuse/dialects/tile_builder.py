@@ -443,7 +443,7 @@ class TileBuilder:
         return self._binary(lhs, rhs, None, arith.RemSIOp, name)
 
     def cdiv(self, lhs: Value, rhs: Value, *, name: str | None = None) -> SSAValue:
-        """Ceiling division of integers (`tl.cdiv`; for non-negative operands)."""
+        """Ceiling division of signed integers (`arith.ceildivsi`: rounds toward +inf)."""
         return self._binary(lhs, rhs, None, arith.CeilDivSIOp, name)
 
     def maximum(self, lhs: Value, rhs: Value, *, name: str | None = None) -> SSAValue:

@@ -292,7 +292,7 @@ class DkvKernel(_Recompute):
         self.k_epilogue = _epilogue_side(spec.k_epilogue, fwd, sig, base.head_dim, "k_epi")
         self.options = spec.dkdv
         # Split the q walk into masked and full blocks (planned masks only, as the forward).
-        self.full_tiles = spec.dkdv.full_tiles and bool(self.online.int_option("band_exact")) and fwd.block_map is None
+        self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and fwd.block_map is None
 
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
@@ -352,8 +352,8 @@ class DkvKernel(_Recompute):
         """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""
         b, online = self.b, self.online
         bm, bn = self.base.block_m, self.base.block_n
-        lower, upper, prefix = online.option("band_lower"), online.option("band_upper"), online.option("prefix")
-        diag: Value = b.sub(kv_len, q_len) if online.str_option("band_align") == "bottom_right" else 0
+        (lower, upper), prefix = online.plan.get_band(), online.plan.get_prefix()
+        diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
         lo: Value = 0
         hi: Value = q_len
         if upper is not None:  # kv - q - diag <= upper  =>  q >= kv - diag - upper
@@ -378,10 +378,10 @@ class DkvKernel(_Recompute):
         b, online = self.b, self.online
         bm, bn = self.base.block_m, self.base.block_n
         lo, hi = self._q_range(n_start, q_len, kv_len)
-        lower, upper = online.option("band_lower"), online.option("band_upper")
-        if not self.full_tiles or online.option("prefix") is not None or (lower is None and upper is None):
+        lower, upper = online.plan.get_band()
+        if not self.full_tiles or online.plan.get_prefix() is not None or (lower is None and upper is None):
             return [(lo, hi, False)]
-        diag: Value = b.sub(kv_len, q_len) if online.str_option("band_align") == "bottom_right" else 0
+        diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
         full_lo: Value = lo
         if upper is not None:  # every key of the block kept from above: q >= n_start + bn - 1 - diag - upper
             first = b.maximum(b.sub(b.sub(b.add(n_start, bn - 1), diag), int(upper)), 0)

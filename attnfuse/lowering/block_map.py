@@ -16,11 +16,11 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, i32
 from xdsl.ir import Operation, SSAValue
 
+from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
 from attnfuse.lowering.forward import BlockMap
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature
-from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram
 
 
@@ -46,7 +46,7 @@ def build_block_map(
     """Allocate the map buffers, launch the map kernel; return them and the kernel."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
-    bm, bn = blocks or (online.int_option("block_m"), online.int_option("block_n"))
+    bm, bn = blocks or (online.plan.block_m.data, online.plan.block_n.data)
     masks = effective_masks(program.score_ops)
     per_head = any(_uses_head(m) for m in masks)
     heads = program.heads[0]
@@ -56,10 +56,10 @@ def build_block_map(
     slots = host.emit(arith.MuliOp(host.mul(batch, map_heads, "map_bh"), n_q), "map_slots")
     vec, mat = TensorType(i32, [DYNAMIC_INDEX]), TensorType(i32, [DYNAMIC_INDEX, DYNAMIC_INDEX])
     block_map = BlockMap(
-        partial_count=host.alloc(vec, [slots], "partial_count"),
-        partial_index=host.alloc(mat, [slots, n_kv], "partial_index"),
-        full_count=host.alloc(vec, [slots], "full_count"),
-        full_index=host.alloc(mat, [slots, n_kv], "full_index"),
+        partial_count=host.alloc(vec, {0: slots}, "partial_count"),
+        partial_index=host.alloc(mat, {0: slots, 1: n_kv}, "partial_index"),
+        full_count=host.alloc(vec, {0: slots}, "full_count"),
+        full_index=host.alloc(mat, {0: slots, 1: n_kv}, "full_index"),
         per_head=per_head,
     )
     sig = KernelSignature(remap)

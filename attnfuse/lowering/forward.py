@@ -96,8 +96,8 @@ class ForwardKernel:
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
         self.online = online
-        self.block_m = spec.block_m or (online.int_option("block_m") if online.option("block_m") else 128)
-        self.block_n = spec.block_n or (online.int_option("block_n") if online.option("block_n") else 64)
+        self.block_m = spec.block_m or online.plan.block_m.data
+        self.block_n = spec.block_n or online.plan.block_n.data
         self.hq, self.hk, self.hv = program.heads
         self.head_dim = _dims(spec.q)[3]
         self.v_dim = _dims(spec.v)[3]
@@ -211,7 +211,8 @@ class ForwardKernel:
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         pid_m = b.program_id(0, name="pid_m")
-        if self.online.option("band_upper") is not None and self.online.option("band_lower") is None:
+        lower, upper = self.online.plan.get_band()
+        if upper is not None and lower is None:
             pid_m = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
         pid_bh = b.program_id(1, name="pid_bh")
         batch = b.div(pid_bh, self.hq, name="batch")
@@ -240,10 +241,11 @@ class ForwardKernel:
         """[(lo, hi, full)] KV ranges of this q block, from the tile plan."""
         b, online, bn = self.b, self.online, self.block_n
         q_last = b.sub(b.minimum(b.add(q_start, self.block_m), q_len), 1, name="q_last")
-        lower, upper = online.option("band_lower"), online.option("band_upper")
-        prefix = online.option("prefix")
-        diag: Value = b.sub(kv_len, q_len, name="diag") if online.str_option("band_align") == "bottom_right" else 0
-        exact = online.int_option("band_exact") == 1
+        plan = online.plan
+        lower, upper = plan.get_band()
+        prefix = plan.get_prefix()
+        diag: Value = b.sub(kv_len, q_len, name="diag") if plan.is_bottom_right() else 0
+        exact = plan.is_exact()
         kv_end_tiles = b.mul(b.div(kv_len, bn), bn, name="kv_full_end")
 
         lo: Value = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from xdsl.builder import Builder
 from xdsl.dialects import arith
@@ -53,8 +53,11 @@ class HostCode:
     def mul(self, a: SSAValue, factor: int, name: str) -> SSAValue:
         return self.emit(arith.MuliOp(a, self.const(factor)), name)
 
-    def alloc(self, ty: Attribute, sizes: list[SSAValue], name: str, *, zero: bool = False) -> SSAValue:
-        op = AllocOp.build(operands=[sizes], result_types=[ty], properties={"zero": UnitAttr() if zero else None})
+    def alloc(self, ty: TensorType, sizes: Mapping[int, SSAValue], name: str, *, zero: bool = False) -> SSAValue:
+        """A `ty` buffer; `sizes` maps dims to their run-time sizes, of which those
+        that `ty` leaves dynamic become operands (a static batch or length needs none)."""
+        dynamic = [sizes[i] for i, d in enumerate(ty.get_shape()) if d < 0]
+        op = AllocOp.build(operands=[dynamic], result_types=[ty], properties={"zero": UnitAttr() if zero else None})
         return self.emit(op, name)
 
     def reduce_sum(self, x: SSAValue, dims: Sequence[int], result: Attribute, name: str, *, keepdim: bool = False) -> SSAValue:

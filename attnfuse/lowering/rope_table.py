@@ -80,8 +80,7 @@ class RopeTables:
         rows, slices = self._rows(positions)
         rd = op.rotary_width()
         table_type = TensorType(dtype, [1 if slices is None else DYNAMIC_INDEX, DYNAMIC_INDEX, rd])
-        sizes = [rows] if slices is None else [slices, rows]
-        table = host.alloc(table_type, sizes, "rope_table")
+        table = host.alloc(table_type, {0: slices, 1: rows} if slices is not None else {1: rows}, "rope_table")
         name = f"{self.prefix}_rope_table{len(self.kernels)}"
         kernel, operands = build_table_kernel(name, op, table, rows, self.inv_freq, self.remap)
         self.kernels.append(kernel)

@@ -33,21 +33,8 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
+from attnfuse.analysis.masks import BAND_KINDS, mask_band
 from attnfuse.dialects.attn import DropoutOp, MaskOp
-from attnfuse.passes.mask_tiling import Band
-
-_BAND_KINDS = ("causal", "sliding_window")
-
-
-def _band(mask: MaskOp) -> Band:
-    if mask.kind_name == "causal":
-        return Band(None, 0, mask.str_option("align"))
-    left, right = mask.option("left"), mask.option("right")
-    return Band(
-        None if left is None else -int(left),
-        None if right is None else int(right),
-        mask.str_option("align"),
-    )
 
 
 class MergeBandMasks(RewritePattern):
@@ -56,11 +43,11 @@ class MergeBandMasks(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
         inner = op.input.owner
-        if not isinstance(inner, MaskOp) or op.kind_name not in _BAND_KINDS:
+        if not isinstance(inner, MaskOp) or op.kind_name not in BAND_KINDS:
             return
-        if inner.kind_name not in _BAND_KINDS or len(list(inner.output.uses)) != 1:
+        if inner.kind_name not in BAND_KINDS or len(list(inner.output.uses)) != 1:
             return
-        merged = _band(op).intersect(_band(inner))
+        merged = mask_band(op).intersect(mask_band(inner))
         if merged is None:
             return
         props: dict[str, Attribute] = {}

@@ -26,6 +26,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
+from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -43,8 +44,8 @@ from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
 from attnfuse.lowering.qk_side import partition
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
-from attnfuse.passes.mask_tiling import effective_masks
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -124,7 +125,7 @@ class _Builder:
         one = host.const(1, "one")
         hq, hk, hv = p.heads
         if hk != hv:
-            raise ProgramError("the backward needs K and V with the same number of heads", p.scores)
+            raise ProgramError(f"the backward needs K and V with the same number of heads (K {hk}, V {hv})", p.scores)
         tables = RopeTables(host, f"{self.name}_bwd", (q_len, kv_len), self.inv_freq, self.remap) \
             if self.rope_table else None
         self.tables = tables
@@ -135,14 +136,14 @@ class _Builder:
             inputs[tag] = source
             if pre:
                 assert isinstance(source.type, TensorType)
-                target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+                target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
                 name = f"{self.name}_bwd_{tag}_prologue"
                 kernel, operands = build_prekernel(name, source, target, pre, batch, seq, self.inv_freq, {}, self.remap,
                                                    rope_table=tables)
                 self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
                 inputs[tag] = target
 
-        delta = host.alloc(_lse_type(out.type), [batch, q_len], "delta")
+        delta = host.alloc(_lse_type(out.type), {0: batch, 2: q_len}, "delta")
         kernel, operands = build_preprocess(f"{self.name}_bwd_preprocess", out, d_out, d_lse, delta,
                                             batch, q_len, hq, self.block_m)
         self._launch(kernel.sym_name.data, kernel, operands, q_len, self.block_m, q, batch)
@@ -153,11 +154,11 @@ class _Builder:
         for index, op in enumerate(p.score_ops):
             if isinstance(op, BiasOp) and op.kind_name == "tensor":
                 full = TensorType(f32, [-1 if d < 0 else d for d in (-1, hq, -1, -1)])
-                grads.bias[index] = host.alloc(_dyn(full), [batch, q_len, kv_len], f"d_bias{index}", zero=True)
+                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}", zero=True)
             elif isinstance(op, BiasOp) and op.slopes is not None:
-                grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], f"d_slopes{index}")
+                grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, f"d_slopes{index}")
         if self.online.sinks is not None:
-            grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), [batch, n_q], "d_sinks")
+            grads.sinks = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, "d_sinks")
         q_kernel_tf, k_kernel_tf = self.in_kernel(p.q.transforms), self.in_kernel(p.k.transforms)
         q_slots = host.emit(arith.MuliOp(host.mul(batch, hq, "q_bh"), n_q), "q_slots")
         k_slots = host.emit(arith.MuliOp(host.mul(batch, hk, "k_bh"), n_kv), "k_slots")
@@ -165,20 +166,20 @@ class _Builder:
         for tf, store, slots in ((q_kernel_tf, grads.q_weights, q_slots), (k_kernel_tf, grads.k_weights, k_slots)):
             for i, op in enumerate(tf):
                 if isinstance(op, QKNormOp) and op.weight is not None:
-                    store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_norm_w_partial{i}")
+                    store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
         epilogue = self._epilogue_ropes()
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
-        d_v = host.alloc(v.type, [batch, kv_len], "d_v")
+        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = None
-        if self.online.str_option("block_map") == "runtime":
+        if self.online.plan.has_runtime_block_map():
             block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
                                                     one, f"{self.name}_bwd", remap=self.remap,
                                                     blocks=(self.block_m, self.block_n))
             self.kernels.append(map_kernel)
         planned = set(effective_masks(p.score_ops)) if (
-            self.online.int_option("band_exact") or block_map is not None) else set()
+            self.online.plan.is_exact() or block_map is not None) else set()
         fwd_spec = ForwardSpec(
             program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
@@ -245,7 +246,7 @@ class _Builder:
         pre-kernel follows) an f32 gradient with respect to the transformed rows."""
         rotated = bool(self.pre(transforms)) and not final
         ty = _f32_like(source.type) if rotated else source.type
-        return self.host.alloc(_dyn(ty), [batch, seq], f"d_{tag}_rotated" if rotated else f"d_{tag}")
+        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, f"d_{tag}_rotated" if rotated else f"d_{tag}")
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
@@ -256,9 +257,9 @@ class _Builder:
         heads, head_dim = _dim(source.type, 1), _dim(source.type, 3)
         n_blocks = host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_row_blocks")
         slots = host.emit(arith.MuliOp(host.mul(batch, heads, f"{tag}_pre_bh"), n_blocks), f"{tag}_pre_slots")
-        partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), [slots], f"d_{tag}_norm_w{i}")
+        partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_{tag}_norm_w{i}")
                     for i, op in enumerate(pre) if isinstance(op, QKNormOp) and op.weight is not None}
-        target = host.alloc(source.type, [batch, seq], f"d_{tag}")
+        target = host.alloc(source.type, {0: batch, 2: seq}, f"d_{tag}")
         name = f"{self.name}_bwd_{tag}_prologue_transpose"
         kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,
                                                     partials, self.remap, rope_table=self.tables)
@@ -359,8 +360,9 @@ class LowerBackwardPass(ModulePass):
             )
         for function in functions:
             program = analyze(function)
-            if program.online is None or program.online.option("block_m") is None:
+            if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
+            check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
                                self.rope_table, self.transforms_in_kernel,
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps),

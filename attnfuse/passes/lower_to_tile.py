@@ -40,6 +40,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
+from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.host_code import HostCode
@@ -47,7 +48,7 @@ from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec, _pow2
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.rope_table import RopeTables
-from attnfuse.passes.mask_tiling import effective_masks
+from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -75,7 +76,7 @@ def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
     head_pad, v_pad = _pow2(head_dim), _pow2(v_dim)
     elem = 4 if q_type.element_type == f32 else 2
-    block_m, block_n = online.int_option("block_m"), online.int_option("block_n")
+    block_m, block_n = online.plan.block_m.data, online.plan.block_n.data
     fixed = elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
     for stages in (3, 2):
         if fixed + elem * stages * block_n * (head_pad + v_pad) <= SHARED_MEMORY_BUDGET:
@@ -123,8 +124,10 @@ class LowerToTilePass(ModulePass):
             program = analyze(function)
             if program.online is None:
                 raise ProgramError("lower-to-tile runs after online-softmax", program.scores)
-            if program.online.option("block_m") is None:
+            if program.online.tile_plan is None:
                 raise ProgramError("lower-to-tile runs after mask-tiling", program.online)
+            plan = program.online.tile_plan
+            check_tile_rows(program, plan.block_m.data, plan.block_n.data, "mask-tiling{block-m block-n}")
             for kernel in self._lower(program):
                 op.body.block.add_op(kernel)
 
@@ -152,7 +155,7 @@ class LowerToTilePass(ModulePass):
             if not pre:
                 continue
             assert isinstance(source.type, TensorType)
-            target = host.alloc(source.type, [batch, seq], f"{tag}_transformed")
+            target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
             name = f"{fname}_{tag}_prologue"
             kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables)
             heads = source.type.get_shape()[1]
@@ -166,22 +169,22 @@ class LowerToTilePass(ModulePass):
 
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
-        block_m = online.int_option("block_m")
+        block_m = online.plan.block_m.data
         hq = program.heads[0]
-        out = host.alloc(online.output.type, [batch, q_len], "out")
+        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out")
         # The lse is always produced: the backward needs it and return_lse exposes it.
         assert isinstance(online.output.type, TensorType)
         out_shape = online.output.type.get_shape()
         lse_type = TensorType(f32, out_shape[:3])
-        lse = host.alloc(lse_type, [batch, q_len], "lse")
+        lse = host.alloc(lse_type, {0: batch, 2: q_len}, "lse")
         planned = set(effective_masks(program.score_ops)) if (
-            online.int_option("band_exact") or online.str_option("block_map") == "runtime"
+            online.plan.is_exact() or online.plan.has_runtime_block_map()
         ) else set()
         block_map: BlockMap | None = None
-        if online.str_option("block_map") == "runtime":
+        if online.plan.has_runtime_block_map():
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
-        counter = host.alloc(TensorType(i32, [1]), [], "tile_count", zero=True) if self.count_tiles else None
+        counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),

@@ -260,19 +260,30 @@ def test_index_cast() -> None:
         assert _run(body, (i32,), i32, (x,)) == x
 
 
-@pytest.mark.xfail(strict=True, reason="bug: arith.ceildivsi is emitted as (a + b - 1) // b (tl.cdiv), "
-                   "right only for a >= 0, b > 0 (TileBuilder.cdiv's precondition, not the op's semantics)")
-@pytest.mark.parametrize("a,b", [(-4, 2), (7, -2), (-7, -2)])
+@pytest.mark.parametrize("a,b", [(-4, 2), (7, -2), (-7, -2), (-1, 3), (1, -3)])
 def test_ceildivsi_negative_operands(a: int, b: int) -> None:
     got = _run(lambda bb, xs: _op_result(bb, arith.CeilDivSIOp(xs[0], xs[1])), (i32, i32), i32, (a, b))
     assert got == -((-a) // b)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: arith.maxnumf/minnumf are emitted as tl.maximum/tl.minimum, "
-                   "which propagate NaN in the interpreter; maxnumf(NaN, x) is x")
+@pytest.mark.parametrize("a,b,want", [(7, 2, 4), (0, 5, 0), (-7, 2, -3)])
+def test_ceildivsi_of_constants(a: int, b: int, want: int) -> None:
+    """Constant operands: the `tl.cdiv` form when they are provably >= 0 and > 0, else
+    the general one."""
+    b_ = TileBuilder.kernel("one_op", [("out", PtrType(i32))], launch={})
+    b_.store(b_.args[0], 0, b_.cdiv(b_.constant(a, i32), b_.constant(b, i32)))
+    source = emit_module(b_.finish())
+    assert (" - 1) // " in source) == (a >= 0), source
+    result = torch.zeros(1, dtype=torch.int32)
+    load_kernels(source, interpret=True)["one_op"][(1,)](result)
+    assert result.item() == want
+
+
 @pytest.mark.parametrize("op", [arith.MaxnumfOp, arith.MinnumfOp], ids=["maxnumf", "minnumf"])
-def test_numf_ignores_nan(op: type[Operation]) -> None:
-    got = _run(lambda bb, xs: _op_result(bb, op(xs[0], xs[1])), (f32, f32), f32, (math.nan, 1.0))
+@pytest.mark.parametrize("nan_first", [True, False], ids=["nan_lhs", "nan_rhs"])
+def test_numf_ignores_nan(op: type[Operation], nan_first: bool) -> None:
+    inputs = (math.nan, 1.0) if nan_first else (1.0, math.nan)
+    got = _run(lambda bb, xs: _op_result(bb, op(xs[0], xs[1])), (f32, f32), f32, inputs)
     assert got == 1.0
 
 

@@ -14,6 +14,7 @@ Triton interpreter.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -344,6 +345,16 @@ def test_scale() -> None:
 def test_heads(hq: int, hkv: int) -> None:
     """GQA and MQA: dK/dV sum over every query head of the group."""
     grad_check(Builder(hq=hq, hkv=hkv, d=32).rope().mask("causal").build())
+
+
+@pytest.mark.parametrize("strategy", ["fused", "separate"])
+def test_static_batch_and_seq_dims(strategy: str) -> None:
+    """Batch and sequence lengths fixed by the types: buffers of static dims take no sizes."""
+    program = small().rope().mask("causal").build()
+    text = re.sub(r"tensor<\?x(\d+)x\?x", r"tensor<2x\1x37x", program.text)
+    text = re.sub(r"(scores|probs)<\?x(\d+)x\?x\?x", r"\1<2x\2x37x37x", text)
+    assert "?" not in text
+    grad_check(text, strategy=strategy, args=program.inputs(2, 37, 37))
 
 
 def test_v_heads_differ_rejected() -> None:

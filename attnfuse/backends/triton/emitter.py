@@ -142,10 +142,16 @@ _OPERATORS: dict[type[Operation], str] = {
 _BINARY_CALLS: dict[type[Operation], str] = {
     arith.MaximumfOp: "tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
     arith.MinimumfOp: "tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)",
-    arith.MaxnumfOp: "tl.maximum({}, {})", arith.MinnumfOp: "tl.minimum({}, {})",
+    # NaN-ignoring (IEEE maxNum / minNum) on the GPU and in the interpreter alike:
+    # tl.maximum's default (PropagateNan.NONE) ignores NaN on the GPU only.
+    arith.MaxnumfOp: "tl.where(({0} > {1}) | ({1} != {1}), {0}, {1})",
+    arith.MinnumfOp: "tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
     arith.MaxSIOp: "tl.maximum({}, {})", arith.MinSIOp: "tl.minimum({}, {})",
-    arith.CeilDivSIOp: "({0} + {1} - 1) // {1}",
+    # Rounds toward +inf for any signs (`//` and `%` truncate toward zero).
+    arith.CeilDivSIOp: "{0} // {1} + (({0} % {1} != 0) & (({0} < 0) == ({1} < 0)))",
 }  # fmt: skip
+_CDIV = "({0} + {1} - 1) // {1}"
+"""`arith.ceildivsi` when its dividend is provably >= 0 and its divisor > 0 (`tl.cdiv`)."""
 _CMP_OPERATORS = {
     "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
     "slt": "<", "sle": "<=", "sgt": ">", "sge": ">=",
@@ -438,9 +444,21 @@ def _operator(e: TritonEmitter, op: Operation) -> None:
     _compute(e, op, op.operands, lambda a, b: f"{a} {symbol} {b}")
 
 
+def _at_least(value: SSAValue, bound: int) -> bool:
+    """Whether `value` is provably >= `bound` (0 or 1): a constant, a program id or count."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp):
+        splat = _splat_value(owner)
+        return splat is not None and splat >= bound
+    return isinstance(owner, tile.NumProgramsOp) or (isinstance(owner, tile.ProgramIdOp) and bound <= 0)
+
+
 @_emits(*_BINARY_CALLS)
 def _binary_call(e: TritonEmitter, op: Operation) -> None:
-    _compute(e, op, op.operands, _BINARY_CALLS[type(op)].format)
+    form = _BINARY_CALLS[type(op)]
+    if isinstance(op, arith.CeilDivSIOp) and _at_least(op.lhs, 0) and _at_least(op.rhs, 1):
+        form = _CDIV
+    _compute(e, op, op.operands, form.format)
 
 
 @_emits(arith.CmpiOp, arith.CmpfOp, tile.CmpOp)

@@ -1416,3 +1416,47 @@ func.func @f(%q: tensor<?x8x?x65538xf16>) {
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op rope input head_dim 65538 is larger than 65536 (a 16-row tile of it must fit Triton's 2^20-element block)
+
+// -----
+
+// a tile plan clause that does not exist
+func.func @f(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>) {
+  // expected-error @+1 {{Expected one of 'band', 'exact', 'prefix', 'runtime_block_map' in #attn.tile_plan}}
+  %o = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<128x64, causal>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:72: error: Expected one of 'band', 'exact', 'prefix', 'runtime_block_map' in #attn.tile_plan
+
+// -----
+
+// a tile plan clause given twice
+func.func @f(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>) {
+  // expected-error @+1 {{'exact' given twice}}
+  %o = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<128x64, exact, exact>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:79: error: 'exact' given twice
+
+// -----
+
+// tile_plan takes a #attn.tile_plan
+func.func @f(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>) {
+  // expected-error @+1 {{option 'tile_plan' expects #attn.tile_plan<...>}}
+  %o = attn.online_softmax %s, %v {tile_plan = 128} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:48: error: option 'tile_plan' expects #attn.tile_plan<...>
+
+// -----
+
+// tile sizes the kernels cannot use
+func.func @f(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>) {
+  // expected-error @+1 {{#attn.tile_plan: block_n must be a power of two >= 16, got 48}}
+  %o = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<128x48>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.online_softmax' op #attn.tile_plan: block_n must be a power of two >= 16, got 48

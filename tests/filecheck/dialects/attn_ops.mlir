@@ -255,6 +255,29 @@ func.func @dropout(%p: !attn.probs<?x12x?x?xf32>, %seed: i64) -> !attn.probs<?x1
 
 // -----
 
+// ==== attn.online_softmax and #attn.tile_plan (made by passes; clauses in any order,
+// printed in a fixed one, `top_left` and `?` bounds as written defaults)
+
+func.func @online_softmax(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>, %sk: tensor<4xf32>,
+                          %seed: i64) -> () {
+  %a = attn.online_softmax %s, %v : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  %b = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<128x64>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  %c = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32, exact, band [-4095, 0] top_left>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  %d = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<16x16, prefix -1, band [?, 0] bottom_right, exact>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+  %e, %lse = attn.online_softmax %s, %v sinks %sk dropout_seed %seed {dropout_p = 0.1, tile_plan = #attn.tile_plan<128x128, band [-64, ?], runtime_block_map>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16>, tensor<4xf32>, i64 -> tensor<?x4x?x64xf16>, tensor<?x4x?xf32>
+  func.return
+}
+
+// CHECK-LABEL: func.func @online_softmax(
+// CHECK-NEXT:    %a = attn.online_softmax %s, %v : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+// CHECK-NEXT:    %b = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<128x64>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+// CHECK-NEXT:    %c = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32, band [-4095, 0], exact>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+// CHECK-NEXT:    %d = attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<16x16, band [?, 0] bottom_right, exact, prefix -1>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
+// CHECK-NEXT:    %e, %lse = attn.online_softmax %s, %v sinks %sk dropout_seed %seed {dropout_p = 0.1, tile_plan = #attn.tile_plan<128x128, band [-64, ?], runtime_block_map>} : !attn.scores<?x4x?x?xf32>, tensor<?x2x?x64xf16>, tensor<4xf32>, i64 -> tensor<?x4x?x64xf16>, tensor<?x4x?xf32>
+// CHECK-NEXT:    func.return
+
+// -----
+
 // ==== a whole program using every op
 
 func.func @everything(%q: tensor<?x8x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x32xf16>,

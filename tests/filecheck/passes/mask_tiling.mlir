@@ -1,5 +1,5 @@
-// mask-tiling: the tile plan recorded on attn.online_softmax (block sizes, band, prefix,
-// band_exact, runtime block map).
+// mask-tiling: the #attn.tile_plan recorded on attn.online_softmax (block sizes, band,
+// prefix, exact, runtime block map).
 // RUN: attnfuse-opt %s -p 'online-softmax,mask-tiling{block-m=64 block-n=32}' --split-input-file | filecheck %s
 // RUN: attnfuse-opt %s -p 'online-softmax,mask-tiling' --split-input-file | filecheck %s --check-prefix=DEFAULT
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling{block-m=48}' 2>&1 | filecheck %s --check-prefix=BAD
@@ -7,9 +7,9 @@
 
 // No mask: every tile, no plan beyond the block sizes (by default chosen by the pass).
 // CHECK-LABEL: func.func @no_mask(
-// CHECK:         attn.online_softmax %s, %v {block_m = 64, block_n = 32}
+// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32>}
 // DEFAULT-LABEL: func.func @no_mask(
-// DEFAULT:         attn.online_softmax {{.*}} {block_m = {{(16|32|64|128|256)}}, block_n = {{(16|32|64|128|256)}}}
+// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64|128|256)}}>}
 func.func @no_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
@@ -21,9 +21,9 @@ func.func @no_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tenso
 
 // Head dim 256: the default KV block is at most 64 (shared memory).
 // CHECK-LABEL: func.func @no_mask_d256(
-// CHECK:         attn.online_softmax %s, %v {block_m = 64, block_n = 32}
+// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32>}
 // DEFAULT-LABEL: func.func @no_mask_d256(
-// DEFAULT:         attn.online_softmax {{.*}} {block_m = {{(16|32|64|128|256)}}, block_n = {{(16|32|64)}}}
+// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64)}}>}
 func.func @no_mask_d256(%q: tensor<?x4x?x256xf16>, %k: tensor<?x2x?x256xf16>, %v: tensor<?x2x?x256xf16>) -> tensor<?x4x?x256xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x256xf16>, tensor<?x2x?x256xf16> -> !attn.scores<?x4x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
@@ -34,7 +34,7 @@ func.func @no_mask_d256(%q: tensor<?x4x?x256xf16>, %k: tensor<?x2x?x256xf16>, %v
 // -----
 
 // CHECK-LABEL: func.func @causal(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], exact>}
 func.func @causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
@@ -46,7 +46,7 @@ func.func @causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor
 // -----
 
 // CHECK-LABEL: func.func @causal_br(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_align = "bottom_right", band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0] bottom_right, exact>}
 func.func @causal_br(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
@@ -58,7 +58,7 @@ func.func @causal_br(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: ten
 // -----
 
 // CHECK-LABEL: func.func @window(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -127, band_upper = 3, band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [-127, 3], exact>}
 func.func @window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask sliding_window %s {left = 127, right = 3} : !attn.scores<?x4x?x?xf32>
@@ -71,7 +71,7 @@ func.func @window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor
 
 // Two bands of one alignment intersect (without attn-canonicalize).
 // CHECK-LABEL: func.func @causal_window(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -4095, band_upper = 0, band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [-4095, 0], exact>}
 func.func @causal_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %c = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
@@ -83,9 +83,9 @@ func.func @causal_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v:
 
 // -----
 
-// Bands of different alignments: the first plans the walk, masks stay elementwise (no band_exact).
+// Bands of different alignments: the first plans the walk, masks stay elementwise (not exact).
 // CHECK-LABEL: func.func @mixed_alignment(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_align = "bottom_right"}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0] bottom_right>}
 func.func @mixed_alignment(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %c = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
@@ -98,7 +98,7 @@ func.func @mixed_alignment(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %
 // -----
 
 // CHECK-LABEL: func.func @prefix_static(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1, prefix = 100}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], exact, prefix 100>}
 func.func @prefix_static(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask prefix_lm %s {prefix = 100} : !attn.scores<?x4x?x?xf32>
@@ -110,7 +110,7 @@ func.func @prefix_static(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v:
 // -----
 
 // CHECK-LABEL: func.func @prefix_operand(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1, prefix = -1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], exact, prefix -1>}
 func.func @prefix_operand(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %plen: tensor<?xi32>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask prefix_lm %s, %plen : !attn.scores<?x4x?x?xf32>, tensor<?xi32>
@@ -123,7 +123,7 @@ func.func @prefix_operand(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v
 
 // prefix-lm with another band: walk by the band, mask elementwise.
 // CHECK-LABEL: func.func @prefix_and_window(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -64}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [-64, ?]>}
 func.func @prefix_and_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %c = attn.mask prefix_lm %s {prefix = 10} : !attn.scores<?x4x?x?xf32>
@@ -136,7 +136,7 @@ func.func @prefix_and_window(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>,
 // -----
 
 // CHECK-LABEL: func.func @document(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, block_map = "runtime"}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, runtime_block_map>}
 func.func @document(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %ids: tensor<?x?xi32>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask document %s, %ids : !attn.scores<?x4x?x?xf32>, tensor<?x?xi32>
@@ -149,7 +149,7 @@ func.func @document(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tens
 
 // Band and document: the band is recorded, tiles classified at run time.
 // CHECK-LABEL: func.func @document_causal(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, block_map = "runtime"}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], runtime_block_map>}
 func.func @document_causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %ids: tensor<?x?xi32>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %c = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
@@ -165,7 +165,7 @@ func.func @document_causal(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %
 // Custom predicates comparing kv - q with constants are bands (exact); others need the
 // runtime block map.
 // CHECK-LABEL: func.func @custom_affine(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_lower = -5, band_upper = 0, band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [-5, 0], exact>}
 func.func @custom_affine(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask custom %s : !attn.scores<?x4x?x?xf32> {
@@ -185,7 +185,7 @@ func.func @custom_affine(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v:
 // -----
 
 // CHECK-LABEL: func.func @custom_per_head(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, block_map = "runtime"}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, runtime_block_map>}
 func.func @custom_per_head(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask custom %s : !attn.scores<?x4x?x?xf32> {
@@ -204,11 +204,11 @@ func.func @custom_per_head(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %
 // A mask before a softcap or a score_mod does not remove elements (-inf becomes -cap,
 // or anything): no plan. After them it does (the bias in between is fine).
 // CHECK-LABEL: func.func @mask_then_softcap(
-// CHECK:         attn.online_softmax %c, %v {block_m = 64, block_n = 32} :
+// CHECK:         attn.online_softmax %c, %v {tile_plan = #attn.tile_plan<64x32>} :
 // CHECK-LABEL: func.func @softcap_then_mask(
-// CHECK:         attn.online_softmax %m, %v {block_m = 64, block_n = 32, band_upper = 0, band_exact = 1}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], exact>}
 // CHECK-LABEL: func.func @mask_then_score_mod(
-// CHECK:         attn.online_softmax %t, %v {block_m = 64, block_n = 32} :
+// CHECK:         attn.online_softmax %t, %v {tile_plan = #attn.tile_plan<64x32>} :
 func.func @mask_then_softcap(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>

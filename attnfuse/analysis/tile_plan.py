@@ -1,0 +1,63 @@
+"""The tile plan of an attention program: block sizes and the tiles its masks let a kernel skip.
+
+`mask-tiling` records it on `attn.online_softmax`; the cost model shares the default
+block sizes.
+
+```mlir
+%o = attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<128x128, band [?, 0], exact>} : ...
+```
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import TensorType, f32
+
+from attnfuse.analysis.masks import effective_masks, plan_masks
+from attnfuse.dialects.attn import TilePlanAttr
+from attnfuse.program import AttentionProgram
+
+def _narrow_16bit(program: AttentionProgram) -> bool:
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    return max(q_type.get_shape()[3], program.v_type.get_shape()[3]) <= 128 and q_type.element_type != f32
+
+
+def k_transformed_in_kernel(program: AttentionProgram) -> bool:
+    """Whether the forward kernel transforms K tiles itself (`fused` placements)."""
+    return any(t.str_option("placement") != "prekernel" for t in program.k.transforms)
+
+
+def default_block_sizes(program: AttentionProgram, k_in_kernel: bool | None = None) -> tuple[int, int]:
+    """(query rows, keys) per block when `mask-tiling` leaves them at 0; `k_in_kernel`
+    None reads the placement `rope-fusion` gave K's transforms.
+
+    - K transformed in the kernel, 16-bit, head dims <= 128: 256 x 64. Each K tile is
+      transformed once per q block that visits it, so taller q blocks halve that work;
+      256 x 64 with 8 warps and 3 stages fits an SM and was 11% faster than 128 x 128
+      for fused Llama-3-8B at S = 16384 (H200, run 14).
+    - Other 16-bit inputs with head dims <= 128: 128 x 128 (3 stages fit; the fastest
+      forward measured for Llama-3-8B, docs/benchmarks.md run 12).
+    - Else 128 x 64 (wider rows or f32 leave room for fewer stages of 128 keys).
+    """
+    if not _narrow_16bit(program):
+        return 128, 64
+    if k_in_kernel is None:
+        k_in_kernel = k_transformed_in_kernel(program)
+    return (256, 64) if k_in_kernel else (128, 128)
+
+
+def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> TilePlanAttr:
+    """The plan of `program` with tiles of `block_m` x `block_n` (0: `default_block_sizes`)."""
+    plan = plan_masks(effective_masks(program.score_ops))
+    band = plan.band
+    default_m, default_n = default_block_sizes(program)
+    return TilePlanAttr(
+        block_m or default_m,
+        block_n or default_n,
+        lower=None if band is None else band.lower,
+        upper=None if band is None else band.upper,
+        align="top_left" if band is None else band.align,
+        exact=plan.exact,
+        prefix=plan.prefix,
+        runtime_block_map=plan.runtime_map,
+    )
