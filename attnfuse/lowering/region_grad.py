@@ -16,7 +16,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from attnfuse.dialects.attn import YieldOp
 from attnfuse.dialects.tile_builder import TileBuilder
 from attnfuse.dialects.tile_types import element_type_of, is_float_type
-from attnfuse.lowering.regions import RegionLoweringError, lower_region_env
+from attnfuse.lowering.regions import RegionLoweringError, lower_region_env, powf
 from attnfuse.lowering.signature import ScalarArg, TensorArg
 
 Adjoint = Callable[[TileBuilder, Operation, dict[SSAValue, SSAValue], SSAValue], list[SSAValue | None]]
@@ -61,7 +61,7 @@ RULES: dict[type[Operation], Adjoint] = {
     math.AbsFOp: lambda b, op, env, g: [b.where(b.ge(_v(env, op, 0), 0.0), g, b.neg(g))],
     math.SinOp: lambda b, op, env, g: [b.mul(g, b.cos(_v(env, op, 0)))],
     math.PowFOp: lambda b, op, env, g: [  # r = x^y: dr/dx = y x^(y-1), dr/dy = r ln x
-        b.mul(b.mul(g, _v(env, op, 1)), b.exp2(b.mul(b.sub(_v(env, op, 1), 1.0), b.log2(_v(env, op, 0))))),
+        b.mul(b.mul(g, _v(env, op, 1)), powf(b, _v(env, op, 0), b.sub(_v(env, op, 1), 1.0))),
         b.where(b.eq(env[op.results[0]], 0.0), 0.0, b.mul(b.mul(g, env[op.results[0]]), b.log(_v(env, op, 0)))),
     ],
     math.CosOp: lambda b, op, env, g: [b.neg(b.mul(g, b.sin(_v(env, op, 0))))],

@@ -136,7 +136,7 @@ def _lower_op(
             target = i32  # index-like arithmetic stays i32 in kernels
         return b.cast(get(op.operands[0]), target, name=name)
     if isinstance(op, math.PowFOp):
-        return b.exp2(b.mul(get(op.rhs), b.log2(get(op.lhs))), name=name)
+        return powf(b, get(op.lhs), get(op.rhs), name=name)
     if isinstance(op, tensor.ExtractOp):
         source = captured.get(op.tensor)
         if source is None or source.ptr is None:
@@ -155,3 +155,18 @@ def _lower_op(
     if op.results and op.results[0].type == i1 and isinstance(op, arith.XOrIOp):
         return b.xor(get(op.operands[0]), get(op.operands[1]), name=name)
     raise RegionLoweringError(op, "this op has no tile lowering")
+
+
+def powf(b: TileBuilder, x: SSAValue, y: SSAValue, *, name: str | None = None) -> SSAValue:
+    """`math.powf` with its real-number meaning: `|x|^y` as `exp2(y log2 |x|)`, negated
+    for a negative base and an odd integer exponent, NaN for a negative base and a
+    non-integer exponent, 1 for a zero exponent. (`exp2(y log2 x)` alone is NaN for every
+    negative base, e.g. `s ** 2.0` of a negative score.)"""
+    magnitude = b.exp2(b.mul(y, b.log2(b.abs(x))))
+    big = b.ge(b.abs(y), 16777216.0)  # |y| >= 2^24: every such f32 is an even integer
+    y_int = b.cast(b.where(big, 0.0, y), i32)  # 0 (even) when big
+    integral = b.or_(b.eq(b.cast(y_int, f32), y), big)
+    odd = b.ne(b.rem(y_int, 2), 0)
+    negative_base = b.where(integral, b.where(odd, b.neg(magnitude), magnitude), float("nan"))
+    result = b.where(b.lt(x, 0.0), negative_base, magnitude)
+    return b.where(b.eq(y, 0.0), 1.0, result, name=name)

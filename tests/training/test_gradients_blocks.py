@@ -800,6 +800,27 @@ def test_score_mod_powf() -> None:
     grad_check(p, args=args)
 
 
+@pytest.mark.parametrize("exponent", [2.0, 3.0])
+def test_score_mod_powf_negative_base(exponent: float) -> None:
+    """`s ** n` of scores that are often negative: powf's real meaning (sign for odd
+    integer exponents), not exp2(y log2 x), which is NaN for every negative base."""
+    b = small()
+    power = b.arg("power", "f32", lambda g, bb, sq, skv: exponent)
+    p = b.score_mod(
+        """
+        %y$ = math.powf %x$, %c0$ : f32
+        attn.yield %y$ : f32
+    """,
+        power,
+    ).build()
+    args = p.inputs(2, 29, 37)
+    out = compile_training(p.text)(*args)
+    want = reference.run(p.text, *args)
+    assert torch.isfinite(out).all()
+    assert_close(out, want)
+    grad_check(p, args=args)
+
+
 # ============================================================================ softmax: sinks, lse, dropout
 
 
