@@ -525,6 +525,15 @@ class TileBuilder:
     def exp2(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
         return self._unary_float(xmath.Exp2Op, x, name)
 
+    def erf(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
+        return self._unary_float(xmath.ErfOp, x, name)
+
+    def floor(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
+        return self._unary_float(xmath.FloorOp, x, name)
+
+    def ceil(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
+        return self._unary_float(xmath.CeilOp, x, name)
+
     def log(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
         return self._unary_float(xmath.LogOp, x, name)
 

@@ -65,6 +65,11 @@ RULES: dict[type[Operation], Adjoint] = {
         b.where(b.eq(env[op.results[0]], 0.0), 0.0, b.mul(b.mul(g, env[op.results[0]]), b.log(_v(env, op, 0)))),
     ],
     math.CosOp: lambda b, op, env, g: [b.neg(b.mul(g, b.sin(_v(env, op, 0))))],
+    math.ErfOp: lambda b, op, env, g: [  # d erf(x) = 2 / sqrt(pi) exp(-x^2)
+        b.mul(g, b.mul(1.1283791670955126, b.exp(b.neg(b.mul(_v(env, op, 0), _v(env, op, 0))))))
+    ],
+    math.FloorOp: lambda b, op, env, g: [b.mul(g, 0.0)],  # piecewise constant
+    math.CeilOp: lambda b, op, env, g: [b.mul(g, 0.0)],
     # Captured tables are constants of the backward: no gradient flows into them.
     tensor.ExtractOp: lambda b, op, env, g: [None] * len(op.operands),
     arith.ExtFOp: lambda b, op, env, g: [g],

@@ -50,7 +50,8 @@ _BINARY: dict[type[Operation], str] = {
 _UNARY: dict[type[Operation], str] = {
     math.ExpOp: "exp", math.Exp2Op: "exp2", math.LogOp: "log", math.Log2Op: "log2",
     math.TanhOp: "tanh", math.SqrtOp: "sqrt", math.RsqrtOp: "rsqrt", math.AbsFOp: "abs",
-    math.SinOp: "sin", math.CosOp: "cos", arith.NegfOp: "neg",
+    math.SinOp: "sin", math.CosOp: "cos", arith.NegfOp: "neg", math.ErfOp: "erf",
+    math.FloorOp: "floor", math.CeilOp: "ceil",
 }
 
 
@@ -137,6 +138,11 @@ def _lower_op(
         return b.cast(get(op.operands[0]), target, name=name)
     if isinstance(op, math.PowFOp):
         return powf(b, get(op.lhs), get(op.rhs), name=name)
+    if isinstance(op, arith.FloorDivSIOp):  # Triton's // truncates: step down when signs differ
+        lhs, rhs = get(op.lhs), get(op.rhs)
+        rem = b.rem(lhs, rhs)
+        down = b.and_(b.ne(rem, 0), b.xor(b.lt(rem, 0), b.lt(rhs, 0)))
+        return b.sub(b.div(lhs, rhs), b.where(down, 1, 0), name=name)
     if isinstance(op, tensor.ExtractOp):
         source = captured.get(op.tensor)
         if source is None or source.ptr is None:

@@ -821,6 +821,36 @@ def test_score_mod_powf_negative_base(exponent: float) -> None:
     grad_check(p, args=args)
 
 
+def test_score_mod_floor_ceil_erf_floordiv() -> None:
+    """Every documented region op lowers: erf (differentiated), floor and ceil
+    (piecewise constant), floordivsi on negative index differences (rounds down, not
+    toward zero) against the reference, forward and gradients."""
+    b = small()
+    temp = b.arg("temp", "f32", lambda g, bb, sq, skv: 0.05)
+    p = b.score_mod(
+        """
+        %e$ = math.erf %x$ : f32
+        %f$ = math.floor %x$ : f32
+        %c$ = math.ceil %x$ : f32
+        %d$ = arith.subi %kv$, %q$ : index
+        %three$ = arith.constant 3 : index
+        %fd$ = arith.floordivsi %d$, %three$ : index
+        %fi$ = arith.index_cast %fd$ : index to i32
+        %ff$ = arith.sitofp %fi$ : i32 to f32
+        %t$ = arith.mulf %ff$, %c0$ : f32
+        %s1$ = arith.addf %e$, %f$ : f32
+        %s2$ = arith.addf %s1$, %c$ : f32
+        %r$ = arith.addf %s2$, %t$ : f32
+        attn.yield %r$ : f32
+    """,
+        temp,
+    ).build()
+    args = p.inputs(2, 29, 37)
+    out = compile_training(p.text)(*args)
+    assert_close(out, reference.run(p.text, *args))
+    grad_check(p, args=args)
+
+
 # ============================================================================ softmax: sinks, lse, dropout
 
 
