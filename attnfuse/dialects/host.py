@@ -35,6 +35,12 @@ from xdsl.irdl import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+TOP_LEFT_BAND = "attnfuse.top_left_band"
+"""Attribute of a lowered function whose causal / window band is aligned top-left:
+`[q argument index, k argument index]`. The runtime warns when a call has fewer queries
+than keys (decoding against a cache), where top-left alignment lets query i see only
+keys <= i."""
+
 
 @irdl_op_definition
 class DimOp(IRDLOperation):

@@ -30,11 +30,14 @@ from typing import ClassVar
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
+    ArrayAttr,
+    IntegerAttr,
     ModuleOp,
     StringAttr,
     TensorType,
     f32,
     i32,
+    i64,
 )
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -42,7 +45,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
-from attnfuse.dialects.host import DimOp
+from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec, _pow2
@@ -128,6 +131,12 @@ class LowerToTilePass(ModulePass):
                 raise ProgramError("lower-to-tile runs after mask-tiling", program.online)
             plan = program.online.tile_plan
             check_tile_rows(program, plan.block_m.data, plan.block_n.data, "mask-tiling{block-m block-n}")
+            if plan.get_band()[1] is not None and not plan.is_bottom_right():
+                # Top-left causal / window bands: with fewer queries than keys (decoding
+                # against a cache) query i sees keys <= i, rarely what is meant; the
+                # runtime warns once per shape class (`HostProgram.build`).
+                program.func.attributes[TOP_LEFT_BAND] = ArrayAttr(
+                    [IntegerAttr(program.q.arg_index, i64), IntegerAttr(program.k.arg_index, i64)])
             for kernel in self._lower(program):
                 op.body.block.add_op(kernel)
 

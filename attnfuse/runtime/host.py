@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, TensorType
+from xdsl.dialects.builtin import ArrayAttr, DenseIntOrFPElementsAttr, IntegerAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import KernelMetadata
-from attnfuse.dialects.host import AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
+from attnfuse.dialects.host import TOP_LEFT_BAND, AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
 
@@ -116,6 +117,9 @@ class HostProgram:
         assert isinstance(ret, func.ReturnOp)
         self.returns = tuple(slots[v] for v in ret.arguments)
         self.cached_launches = self._launches_of_shapes_only()
+        band = function.attributes.get(TOP_LEFT_BAND)
+        self.top_left_band: tuple[int, ...] | None = (
+            tuple(a.value.data for a in band.data) if isinstance(band, ArrayAttr) else None)  # type: ignore[attr-defined]
         self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
         self._tables: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._lock = threading.Lock()
@@ -128,6 +132,7 @@ class HostProgram:
 
     def build(self, args: Sequence[Any], signature: tuple[Any, ...] | None, device: torch.device) -> list[Any]:
         """Run on checked arguments of a new shape class, keeping its plan."""
+        self._warn_top_left(args)
         if device.type == "cuda" and torch.cuda.current_device() != device.index:
             with torch.cuda.device(device):
                 plan, results = self._build(args, device)
@@ -144,6 +149,18 @@ class HostProgram:
             logger.debug("@%s: built a launch plan (%d steps) for shapes %s on %s", self.name,
                          len(plan.steps), shapes, device)
         return results
+
+    def _warn_top_left(self, args: Sequence[Any]) -> None:
+        if self.top_left_band is None:
+            return
+        q, k = (args[i] for i in self.top_left_band)
+        q_len, kv_len = int(q.shape[2]), int(k.shape[2])
+        if q_len < kv_len:
+            warnings.warn(
+                f"@{self.name}: causal / window mask aligned top-left with {q_len} queries and {kv_len} keys: "
+                f"query i sees keys up to i only (not the last {kv_len - q_len} keys of a cache); "
+                'for decoding against a KV cache write the mask with align = "bottom_right"',
+                UserWarning, stacklevel=6)
 
     def plan_count(self) -> int:
         return len(self._plans)

@@ -174,3 +174,32 @@ def test_static_block_map_runs_once_per_plan() -> None:
     doc = attnfuse.compile(text)
     doc(*make_inputs(find_functions(parse_program(text))[0], 1, 24, 24))
     assert any(name.endswith("_block_map") for name in _plan_kernels(doc))
+
+
+def test_top_left_causal_with_fewer_queries_warns_once_per_shape_class() -> None:
+    """Decoding against a cache with a top-left causal mask sees keys <= i only: the
+    runtime says so (once per shape class, at the caller); bottom-right and Sq == Skv
+    stay silent, and the answer is still the documented one."""
+    import warnings
+
+    fn = attnfuse.compile(TINY)
+    q, k, v = tiny_inputs(1, 1)[0], *tiny_inputs(1, 24)[1:]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = fn(q, k, v)
+            fn(q, k, v)
+    assert [str(w.message) for w in caught] == [
+        f"@{fn.name}: causal / window mask aligned top-left with 1 queries and 24 keys: query i sees keys up "
+        'to i only (not the last 23 keys of a cache); for decoding against a KV cache write the mask with '
+        'align = "bottom_right"']
+    assert caught[0].filename == __file__
+    assert_close(out, reference.run(TINY, q, k, v))
+    bottom_right = TINY.replace("attn.mask causal %s", 'attn.mask causal %s {align = "bottom_right"}')
+    assert bottom_right != TINY
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            attnfuse.compile(bottom_right)(q, k, v)
+            fn(*tiny_inputs(1, 24))
+    assert not caught
