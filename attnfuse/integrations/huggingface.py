@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, prepare_padding_mask, sdpa_mask
 
 import attnfuse.api
 from attnfuse.builder import Program, attention
@@ -97,6 +95,8 @@ def attention_mask_function(batch_size: int, q_length: int, kv_length: int, q_of
     SDPA's `is_causal` can apply, and also None for the model's own sliding-window causal
     mask without padding when every query sees its whole window (`q_length` 1 or
     `kv_length`), which the program's mask ops then apply."""
+    from transformers.masking_utils import prepare_padding_mask, sdpa_mask  # see register()
+
     if (local_size is not None and allow_is_causal_skip and not use_vmap and not torch.compiler.is_compiling()
             and local_size == getattr(config, "sliding_window", None)
             and getattr(config, "attention_chunk_size", None) is None
@@ -161,5 +161,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 def register(name: str = NAME) -> None:
     """Register the backend with transformers as `attn_implementation=name`."""
+    # Imported here, not at module import: transformers' attention interface imports
+    # torch's flex_attention, whose inductor import sets TORCHINDUCTOR_CACHE_DIR.
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, attention_mask_function)
