@@ -25,10 +25,14 @@ Two kernels:
 
 * `fa3_fwd_simple_kernel` (num_warps=8, no warp specialization): the 8 warps own the 128
   rows (warps_per_cta [8, 1]: warpgroup 0 rows 0-63, warpgroup 1 rows 64-127); TMA loads
-  K/V into a STAGES-deep shared-memory ring guarded by `ready` mbarriers, issued by the
-  same warps STAGES-1 blocks ahead; S = Q K^T and O += P V are async wgmma (P from
-  registers), with the intra-warpgroup overlap of FA3 (QK^T of block j runs while the
-  softmax of block j-1 has been done and P_{j-1} V_{j-1} is issued behind it).
+  K/V into a STAGES-deep shared-memory ring guarded by `ready` mbarriers (expect-tx),
+  issued by the same warps: the prologue fills the ring, and the slot of block j-1 is
+  refilled with block j-1+STAGES at the end of iteration j (after a CTA barrier, once both
+  warpgroups' P V_{j-1} completed), so STAGES=3 keeps one block of prefetch in flight.
+  S = Q K^T and O += P V are async wgmma (P from registers, no shared-memory round trip),
+  with FA3's intra-warpgroup overlap: iteration j issues S_j = Q K_j^T, then
+  O = alpha_{j-1} O + P_{j-1} V_{j-1}, waits for S_j only (wgmma_wait(1)) and does the
+  softmax of S_j while P_{j-1} V_{j-1} still runs on the tensor cores.
 
 * `fa3_fwd_ws_kernel` (gl.warp_specialize, num_warps=4 per partition): FA3's schedule.
     - producer partition (1 warp, 24 registers): TMA of the two Q halves, then of K_n and
