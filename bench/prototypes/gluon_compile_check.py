@@ -1,7 +1,7 @@
 """Compile the Gluon FA3 forward prototypes (gluon_fa3_forward.py) for Hopper (sm_90a)
 WITHOUT a GPU and print their resources:
 
-    python bench/prototypes/gluon_compile_check.py [simple|ws ...] [--stages N] [--dump DIR]
+    python bench/prototypes/gluon_compile_check.py [simple|ws|ws_coop ...] [--stages N] [--dump DIR]
 
 For each kernel: registers and spill bytes (ptxas -v on the PTX, as
 attnfuse.backends.triton.sm90.ptxas_usage), shared memory (metadata.shared), and whether
@@ -92,7 +92,7 @@ def report(variant: str, compiled: Any) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="*", default=["simple", "ws"])
+    ap.add_argument("variants", nargs="*", default=list(fa3.KERNELS))
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--dump", default=None, help="write <kernel>.{ttgir,ptx} there")
     a = ap.parse_args()

@@ -21,7 +21,7 @@ q blocks from the LAST (longest causal row, most key blocks) to the first, so th
 CTAs start first (LPT order), and the 4 q heads sharing one kv head are neighbours in
 launch order (their K/V tiles are shared in L2).
 
-Two kernels:
+Two kernels (three variants, see KERNELS):
 
 * `fa3_fwd_simple_kernel` (num_warps=8, no warp specialization): the 8 warps own the 128
   rows (warps_per_cta [8, 1]: warpgroup 0 rows 0-63, warpgroup 1 rows 64-127); TMA loads
@@ -50,7 +50,9 @@ Two kernels:
       alternation (ping-pong): while one warpgroup does its softmax (MUFU/FMA bound) the
       other one's wgmmas keep the tensor cores busy.
   The epilogue of each warpgroup writes O / l (bf16) into its own half of the Q tile in
-  shared memory (Q is dead by then) and TMA-stores it; LSE is a plain masked-free store.
+  shared memory (Q is dead by then) and TMA-stores it; LSE is a plain (unmasked) store.
+  Variant "ws_coop" (PINGPONG=False, for an A/B of the ping-pong): the same producer and
+  ONE 8-warp consumer (the default partition) owning all 128 rows, no turns.
 
 Online softmax (both kernels), with c = scale * log2(e) folded into one FMA:
     m_j = max(m_{j-1}, c * rowmax(S_j));  P_j = exp2(c * S_j - m_j)
@@ -240,14 +242,15 @@ def fa3_fwd_simple_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, H, HKV, qk
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, S, H, HKV,
                  STAGES: gl.constexpr):
-    """Producer partition (1 warp): TMA Q (two 64-row halves), then K_n, V_n for
-    n = m, m-1, ..., 0 into the ring."""
+    """Producer partition (1 warp): TMA Q (its q_smem.shape[0] row tiles), then K_n, V_n
+    for n = m, m-1, ..., 0 into the ring."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    HALF: gl.constexpr = q_desc.block_type.shape[0]
+    Q_ROWS: gl.constexpr = q_desc.block_type.shape[0]
     q_row, kv_row, m = _tile_coords(S, H, HKV)
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
+    N_Q: gl.constexpr = q_smem.shape[0]
+    mbarrier.expect(q_bar, N_Q * q_desc.block_type.nbytes)
+    for i in gl.static_range(N_Q):
+        tma.async_copy_global_to_shared(q_desc, [q_row + i * Q_ROWS, 0], q_bar, q_smem.index(i))
     for j in range(m + 1):
         st = j % STAGES
         ph = (j // STAGES) & 1
@@ -262,16 +265,19 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready,
 
 @gluon.jit
 def _ws_consumer(o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H, HKV,
-                 qk_scale, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer warpgroup WG (0: default partition, 1: worker partition) owning the 64
-    q rows [WG*64, WG*64+64) of the CTA's 128; ping-pong with the other one via `turn`."""
+                 qk_scale, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer partition owning the q rows [WG*ROWS, WG*ROWS+ROWS) of the CTA's 128.
+    PINGPONG: warpgroup WG (0: default partition, 1: worker partition) of 4 warps, 64
+    rows, taking turns with the other one via `turn`; else the only consumer (8 warps,
+    128 rows, WG = 0), no turns."""
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
     D: gl.constexpr = k_smem.shape[2]
     dtype: gl.constexpr = o_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    NW: gl.constexpr = gl.num_warps()  # warps of this partition
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                         instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                         instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -291,10 +297,12 @@ def _ws_consumer(o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     mbarrier.wait(q_bar, 0)
     # turn k of WG 0 waits for parity (k & 1) ^ 1 (its first turn passes on the fresh
     # barrier), turn k of WG 1 for parity k & 1 (granted by WG 0's k-th arrive).
-    mbarrier.wait(my_turn, 1 - WG)
+    if PINGPONG:
+        mbarrier.wait(my_turn, 1 - WG)
     mbarrier.wait(k_ready.index(0), 0)
     s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.arrive(other_turn)
+    if PINGPONG:
+        mbarrier.arrive(other_turn)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     p, m_i, alpha, l_i = _softmax_step(s, m_i, l_i, qk_scale, row0, m * BN, True)
     o = gl.zeros([ROWS, D], gl.float32, o_layout)
@@ -302,14 +310,16 @@ def _ws_consumer(o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     for j in range(1, n_blocks):
         st = j % STAGES
         prev = (j - 1) % STAGES
-        mbarrier.wait(my_turn, (j & 1) ^ OTHER)
+        if PINGPONG:
+            mbarrier.wait(my_turn, (j & 1) ^ OTHER)
         mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
         s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p16, v_smem.index(prev), o, is_async=True)
-        mbarrier.arrive(other_turn)
+        if PINGPONG:
+            mbarrier.arrive(other_turn)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p, m_i, alpha, l_i = _softmax_step(s, m_i, l_i, qk_scale, row0, (m - j) * BN, False)
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
@@ -324,25 +334,29 @@ def _ws_consumer(o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     mbarrier.arrive(empty.index(last))
 
     pid_bh = gl.program_id(0)
-    # this warpgroup's Q half is dead (its last QK^T completed): reuse it for O
+    # this partition's Q rows are dead (its last QK^T completed): reuse them for O
     _epilogue(o, m_i, l_i, q, o_desc, q_row + WG * ROWS, lse_ptr, pid_bh * S + row0)
 
 
 @gluon.jit
 def fa3_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, H, HKV, qk_scale, STAGES: gl.constexpr,
-                      num_warps: gl.constexpr):
-    """Warp-specialized FA3 forward (see module doc). num_warps must be 4 (the default
-    partition is consumer warpgroup 0). q_desc / o_desc blocks are [64, 128] (one
-    consumer's half), k_desc / v_desc [128, 128]."""
-    gl.static_assert(num_warps == 4)
-    HALF: gl.constexpr = q_desc.block_type.shape[0]
+                      PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    """Warp-specialized FA3 forward (see module doc).
+    PINGPONG=True: num_warps=4, q_desc / o_desc blocks [64, 128] (one consumer warpgroup's
+    rows); consumers = default partition (rows 0-63) + a 4-warp worker (rows 64-127).
+    PINGPONG=False (cooperative, for comparison): num_warps=8, q_desc / o_desc blocks
+    [128, 128]; one 8-warp consumer (the default partition) owns the 128 rows.
+    Both: a 1-warp producer worker; k_desc / v_desc blocks [128, 128]."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
-    gl.static_assert(HALF == 64)
+    N_CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
+    gl.static_assert(ROWS * N_CONSUMERS == 128)
+    gl.static_assert(num_warps * 16 == ROWS)
     gl.static_assert(BN == 128)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, D], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [N_CONSUMERS, ROWS, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -354,19 +368,27 @@ def fa3_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, H, HKV, qk_sca
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(empty.index(i), count=N_CONSUMERS)  # one arrive per consumer partition
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_ws_consumer, (o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H, HKV,
-                        qk_scale, 0, STAGES)),
-        (_ws_consumer, (o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H, HKV,
-                        qk_scale, 1, STAGES)),
-        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, S, H, HKV,
-                        STAGES)),
-    ], [4, 1], [240, 24])
+    if PINGPONG:
+        gl.warp_specialize([
+            (_ws_consumer, (o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H,
+                            HKV, qk_scale, 0, STAGES, True)),
+            (_ws_consumer, (o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H,
+                            HKV, qk_scale, 1, STAGES, True)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, S, H,
+                            HKV, STAGES)),
+        ], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, turn, S, H,
+                            HKV, qk_scale, 0, STAGES, False)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, S, H,
+                            HKV, STAGES)),
+        ], [1], [24])
 
 
 # ----------------------------------------------------------------------------------
@@ -374,9 +396,13 @@ def fa3_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, H, HKV, qk_sca
 # ----------------------------------------------------------------------------------
 
 KERNELS = {
-    # name: (kernel, q/o descriptor rows, num_warps, default STAGES, maxnreg)
-    "simple": (fa3_fwd_simple_kernel, 128, 8, 3, None),
-    "ws": (fa3_fwd_ws_kernel, 64, 4, 2, 168),
+    # name: (kernel, q/o descriptor rows, num_warps, default STAGES, maxnreg, extra constexprs)
+    "simple": (fa3_fwd_simple_kernel, 128, 8, 3, None, {}),
+    # 12 warps (4 + 4 + 1 rounded up to warpgroups) x 32 x 168 <= 65536 registers; the
+    # compiler's setmaxnreg gives 240 to each consumer warpgroup and 24 to the producer's
+    "ws": (fa3_fwd_ws_kernel, 64, 4, 2, 168, {"PINGPONG": True}),
+    # 12 warps (8 + 1 rounded up): 8 consumer warps at 240, producer warpgroup at 24
+    "ws_coop": (fa3_fwd_ws_kernel, 128, 8, 2, 168, {"PINGPONG": False}),
 }
 
 
@@ -385,7 +411,7 @@ def make_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = 
                                                   torch.Tensor]:
     """(positional args, launch kwargs, grid, o, lse) of one launch. Works on CPU tensors
     too (the compile check builds its signature from them)."""
-    kernel, q_rows, num_warps, default_stages, maxnreg = KERNELS[variant]
+    kernel, q_rows, num_warps, default_stages, maxnreg, extra = KERNELS[variant]
     B, H, S, D = q.shape
     HKV = k.shape[1]
     assert D == HEAD_DIM, f"head dim must be {HEAD_DIM}"
@@ -403,7 +429,7 @@ def make_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = 
     v_desc = TensorDescriptor.from_tensor(v.view(B * HKV * S, D), [BLOCK_N, D], kv_layout)
     qk_scale = LOG2E / math.sqrt(D)
     args = (q_desc, k_desc, v_desc, o_desc, lse, S, H, HKV, qk_scale)
-    kwargs: dict[str, Any] = {"STAGES": stages or default_stages, "num_warps": num_warps}
+    kwargs: dict[str, Any] = {"STAGES": stages or default_stages, **extra, "num_warps": num_warps}
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     grid = (B * H, S // BLOCK_M)
@@ -413,7 +439,8 @@ def make_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant: str = "ws",
            stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal GQA attention forward: (O [B, H, S, 128] bf16, LSE [B, H, S] fp32, natural
-    log). `variant` is "ws" (warp-specialized ping-pong) or "simple"."""
+    log). `variant`: "ws" (warp-specialized, ping-pong consumers), "ws_coop" (warp-specialized,
+    one 8-warp consumer) or "simple" (no warp specialization)."""
     args, kwargs, grid, o, lse = make_args(q, k, v, variant, stages)
     KERNELS[variant][0][grid](*args, **kwargs)
     return o, lse

@@ -2,7 +2,7 @@
 gluon_fa3_forward.py: correctness of O and LSE, then time against SDPA cuDNN in the same run.
 
     python bench/prototypes/run_gluon_fa3.py                # all variants, writes $OUT/gluon_fa3.json
-    python bench/prototypes/run_gluon_fa3.py ws:2 simple:3  # chosen variant:STAGES
+    python bench/prototypes/run_gluon_fa3.py ws:2 ws_coop:2 simple:3  # chosen variant:STAGES
 
 Each variant runs in its own subprocess, killed when it makes no progress for STALL_S
 seconds (a wrong mbarrier phase hangs the GPU kernel forever instead of failing), in three phases: small shapes (S = 128, 256, 512,
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 
 H, HKV, D = 32, 8, 128
 SIZES = (2048, 4096, 8192, 16384)
-DEFAULT_VARIANTS = ("simple:3", "simple:2", "ws:2", "ws:3")
+DEFAULT_VARIANTS = ("ws:2", "ws:3", "ws_coop:2", "simple:3", "simple:2")
 TIMEOUT_S = 600
 """Wall-clock limit of one variant's worker."""
 STALL_S = 150
