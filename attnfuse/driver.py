@@ -186,7 +186,8 @@ class AttnfuseOptMain(xDSLOptMain):
             "--device",
             "--gpu",
             metavar="NAME",
-            help="GPU the cost model plans for (" + ", ".join(known_targets()) + "); "
+            help="GPU the cost model plans for (" + ", ".join(known_targets()) + ", or a profile "
+            "written by attnfuse-calibrate, FILE.json); "
             "fills the unset 'target' option of passes (rope-fusion{strategy=auto})",
         )
         arg_parser.add_argument(

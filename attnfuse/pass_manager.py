@@ -381,9 +381,10 @@ class PassManager:
         check_prerequisites(self.passes, self.available)
         if target is not None:
             try:
-                target = get_target(target).name
+                found = get_target(target)
             except UnknownTargetError as e:
                 raise PipelineError(str(e)) from None
+            target = target if target.endswith(".json") else found.name  # a profile stays a path
         values = {"target": target, "seq_len": seq_len}
         if target is not None or seq_len:
             self.passes = tuple(_with_options(p, **values) for p in self.passes)

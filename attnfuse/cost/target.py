@@ -10,9 +10,13 @@ docs/cost-model.md, which cites the source of every row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
-__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "known_targets"]
+__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "known_targets", "target_from_profile"]
 
 T = 1e12
 G = 1e9
@@ -126,8 +130,45 @@ def _key(name: str) -> str:
 _INDEX = {_key(n): n for n in TARGETS} | {_key(a): n for a, n in _ALIASES.items()}
 
 
+def target_from_profile(profile: dict[str, Any], where: str = "profile") -> Target:
+    """A target from a profile written by ``attnfuse-calibrate`` (JSON with
+    :class:`Target`'s fields, ``tensor_flops`` a mapping from dtype to FLOP/s; its
+    figures are measured, so they also fill the measured overrides)."""
+    required = [f.name for f in fields(Target) if not f.name.startswith("measured_")]
+    missing = [name for name in required if name not in profile]
+    if missing:
+        raise UnknownTargetError(f"{where}: not a cost-model profile, missing {', '.join(missing)}")
+    values = {name: profile[name] for name in required}
+    try:
+        values["tensor_flops"] = tuple((str(k), float(v)) for k, v in dict(profile["tensor_flops"]).items())
+        for name in required:
+            if name not in ("name", "vendor", "tensor_flops"):
+                values[name] = type(getattr(TARGETS["h200"], name))(values[name])
+    except (TypeError, ValueError) as e:
+        raise UnknownTargetError(f"{where}: bad value in the profile ({e})") from None
+    bf16 = dict(values["tensor_flops"]).get("bf16")
+    return Target(**values, measured_tensor_flops=bf16, measured_hbm_bw=values["hbm_bw"])
+
+
+@functools.lru_cache(maxsize=16)
+def _profile(path: str, mtime: float) -> Target:
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UnknownTargetError(f"cannot read the target profile {path}: {e}") from None
+    if not isinstance(profile, dict):
+        raise UnknownTargetError(f"{path}: not a cost-model profile (a JSON object)")
+    return target_from_profile(profile, path)
+
+
 def get_target(name: str) -> Target:
-    """The target called ``name`` (case, spaces, ``-`` and ``_`` ignored: ``H100_SXM``)."""
+    """The target called ``name`` (case, spaces, ``-`` and ``_`` ignored: ``H100_SXM``),
+    or the profile at ``name`` when it ends in ``.json`` (``attnfuse-calibrate``)."""
+    if name.endswith(".json"):
+        path = Path(name).resolve()
+        if not path.is_file():
+            raise UnknownTargetError(f"target profile {name} does not exist (write one with attnfuse-calibrate)")
+        return _profile(str(path), path.stat().st_mtime)
     found = _INDEX.get(_key(name))
     if found is None:
         raise UnknownTargetError(
