@@ -253,9 +253,21 @@ def summary(rows: list[dict[str, Any]]) -> str:
         lines += ["## memory", "", "| S | name | peak extra GiB |", "|---:|---|---:|"]
         lines += [f"| {r['seq']} | {r['name']} | {r['peak_extra_gib']:.3f} |" for r in mem]
         lines.append("")
+    ex = [r for r in rows if r.get("section") == "examples" and "fwd_ms" in r]
+    if ex:
+        lines += ["## examples (B=2, S=8192)", "",
+                  "| example | impl | fwd ms | fwd+bwd ms | AttnFuse speedup fwd | fwd+bwd | max diff vs AttnFuse |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for r in ex:
+            sp = [f"{r[k]:.2f}" if k in r else "" for k in ("fwd_speedup_of_attnfuse", "fwd_bwd_speedup_of_attnfuse")]
+            diff = f"{r['max_diff_vs_attnfuse']:.3g}" if "max_diff_vs_attnfuse" in r else ""
+            lines.append(f"| {r['example']} | {r['name']} | {r['fwd_ms']:.3f} | {r.get('fwd_bwd_ms', float('nan')):.3f} | "
+                         f"{sp[0]} | {sp[1]} | {diff} |")
+        lines.append("")
     errors = [r for r in rows if "error" in r]
     if errors:
-        lines += ["## errors", ""] + [f"- S={r['seq']} {r['name']}: {r['error']}" for r in errors]
+        lines += ["## errors", ""] + [f"- S={r.get('seq', '')} {r.get('example', '')} {r['name']}: {r['error']}"
+                                      for r in errors]
     return "\n".join(lines)
 
 
@@ -289,7 +301,7 @@ def plots(rows: list[dict[str, Any]], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sections", default="forward,training,sweep,memory")
+    parser.add_argument("--sections", default="forward,training,sweep,memory,examples")
     parser.add_argument("--seqs", default="2048,4096,8192,16384")
     parser.add_argument("--training-seqs", default="2048,4096,8192,16384")
     parser.add_argument("--sweep", default="256,512,1024,2048,4096,8192,16384")
@@ -321,6 +333,11 @@ def main() -> None:
         save()
     if "memory" in sections:
         run_memory(32768, rows)
+        save()
+    if "examples" in sections:
+        from run_examples import run_examples
+
+        run_examples(bench, rows)
         save()
     text = summary(rows)
     (args.out / "summary.md").write_text(text)

@@ -1,0 +1,53 @@
+"""The benchmarks' flex_attention / SDPA baselines compute the same attention as each
+shipped example (float64 reference, f32 programs, CPU, eager flex): a baseline that
+drifted from the program would make every ratio in docs/benchmarks.md meaningless."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnfuse import examples, reference
+from attnfuse.program import analyze, find_functions
+from attnfuse.testing import make_inputs, with_dtype
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from baselines import Unsupported, flex_baseline, sdpa_baseline  # noqa: E402
+
+SUPPORTED = ["alibi", "document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3", "t5_bias"]
+
+
+def _program(name: str) -> tuple[str, object, list[object]]:
+    text = with_dtype(examples.path(name).read_text(), "f32")
+    function = find_functions(reference.parse_program(text))[0]
+    return text, analyze(function), make_inputs(function, 2, 40, 40, seed=1)
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_flex_baseline_matches_reference(name: str) -> None:
+    text, program, args = _program(name)
+    run = flex_baseline(program, args, compile=False)  # type: ignore[arg-type]
+    qkv = [args[i] for i in (program.q.arg_index, program.k.arg_index, program.v_arg)]  # type: ignore[attr-defined]
+    want = reference.run(text, *args)
+    want = want[0] if isinstance(want, tuple) else want
+    assert float((run(*qkv).double() - want).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3"])
+def test_sdpa_baseline_matches_reference(name: str) -> None:
+    text, program, args = _program(name)
+    run = sdpa_baseline(program, args, backend="math", compile=False)  # type: ignore[arg-type]
+    qkv = [args[i] for i in (program.q.arg_index, program.k.arg_index, program.v_arg)]  # type: ignore[attr-defined]
+    assert float((run(*qkv).double() - reference.run(text, *args)).abs().max()) < 1e-4
+
+
+def test_unsupported_programs_say_why() -> None:
+    _, program, args = _program("dropout")
+    with pytest.raises(Unsupported, match="no dropout"):
+        flex_baseline(program, args, compile=False)  # type: ignore[arg-type]
+    _, program, args = _program("gemma2")
+    with pytest.raises(Unsupported, match="only score op is a top-left causal mask"):
+        sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
