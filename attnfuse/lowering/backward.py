@@ -27,8 +27,8 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, _pow2, load_rows
-from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, store_parts
+from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, load_rows
+from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
@@ -107,7 +107,7 @@ def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue,
     bi, h = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
     rows = b.add(b.mul(pid_m, block_m), b.arange(0, block_m), name="rows")
     row_ok = b.lt(rows, sq.value)
-    d = b.arange(0, _pow2(v_dim))
+    d = b.arange(0, padded(v_dim))
     mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, v_dim), 0))
     total = None
     for arg in (o_arg, do_arg):
@@ -199,7 +199,7 @@ class DqKernel(ForwardKernel, _Recompute):
         if self.seed_arg is not None:
             assert self.seed_arg.value is not None
             self.seed_bh = b.add(self.seed_arg.value, b.mul(b.to_i64(pid_bh), 2**32), name="seed_bh")
-        dv_pad = _pow2(self.v_dim)
+        dv_pad = padded(self.v_dim)
         d = b.arange(0, dv_pad)
         d_mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
         do_offs = b.add(b.expand_dims(b.mul(rows, self.do_arg.strides[2]), 1),
@@ -314,7 +314,7 @@ class DkvKernel(_Recompute):
         k_parts = {r: b.cast(t, dtype) for r, t in k_states[-1].items()}
         v = load_rows(b, base.v_arg, base.v_arg.base(b, batch, kv_head), cols, col_ok, base.v_dim, False)
         group = base.hq // base.hk
-        dv_pad = _pow2(base.v_dim)
+        dv_pad = padded(base.v_dim)
         state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
         state.append(b.zeros((bn, dv_pad), f32, name="dv"))
         self.batch = batch

@@ -11,7 +11,6 @@ tiles.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import TensorType, f32
@@ -21,7 +20,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition, side_layout
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram, ProgramError
@@ -165,7 +164,7 @@ class ForwardKernel:
             assert self.seed_arg.value is not None
             self.seed_bh = b.add(self.seed_arg.value, b.mul(b.to_i64(pid_bh), 2**32), name="seed_bh")
 
-        dv_pad = _pow2(self.v_dim)
+        dv_pad = padded(self.v_dim)
         if self.sinks_arg is not None:
             assert self.sinks_arg.ptr is not None
             sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32)
@@ -380,15 +379,11 @@ def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, ro
               width: int, full_tile: bool) -> SSAValue:
     """Rows `rows` of a [.., S, width] tensor as one [R, pow2(width)] tile; a full tile of
     power-of-two width loads without a mask."""
-    d = b.arange(0, _pow2(width))
+    d = b.arange(0, padded(width))
     offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
-    if full_tile and width == _pow2(width):
+    if full_tile and width == padded(width):
         return b.load(base, offs, name="v")
     mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, width), 0))
     return b.load(base, offs, mask=mask, other=0.0, name="v")
-
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << math.ceil(math.log2(n)))
 
 

@@ -48,8 +48,9 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
-from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec, _pow2
+from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
+from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
@@ -77,7 +78,7 @@ def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_
     q_type, v_type = program.scores.q.type, program.v_type
     assert isinstance(q_type, TensorType)
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
-    head_pad, v_pad = _pow2(head_dim), _pow2(v_dim)
+    head_pad, v_pad = padded(head_dim), padded(v_dim)
     elem = 4 if q_type.element_type == f32 else 2
     block_m, block_n = online.plan.block_m.data, online.plan.block_n.data
     fixed = elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
