@@ -769,14 +769,14 @@ def test_score_mod_default_compile(table: bool) -> None:
     attnfuse.compile(p.text)
 
 
-def test_score_mod_floor_is_a_clear_error() -> None:
-    """math.floor (no tile lowering, no derivative): a compile error naming the op."""
+def test_score_mod_without_tile_lowering_is_a_clear_error() -> None:
+    """math.atan (a valid math op with no tile lowering): a compile error naming the op."""
     b = small()
     p = b.score_mod("""
-        %y$ = math.floor %x$ : f32
+        %y$ = math.atan %x$ : f32
         attn.yield %y$ : f32
     """).build()
-    with pytest.raises(DiagnosticException, match=r"math\.floor"):
+    with pytest.raises(DiagnosticException, match=r"math\.atan"):
         compile_training(p.text)
 
 
