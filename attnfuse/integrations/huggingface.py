@@ -21,12 +21,15 @@ window): blocks outside them are never visited. Any other mask (padding, packed
 sequences, custom 4-d masks) arrives as a dense 4-d tensor and becomes an additive bias
 operand (0 / -inf, or the float mask itself): correct for every mask, but a
 `[B, 1, Sq, Skv]` f32 tensor per call.
+
+Under `torch.compile` a model is one graph: each attention call is a node that
+AOTAutograd traces into the program's custom ops, never into the compiler.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -92,11 +95,17 @@ def attention_mask_function(batch_size: int, q_length: int, kv_length: int, q_of
                    allow_is_causal_skip: bool = True, use_vmap: bool = False, config: Any = None,
                    **kwargs: Any) -> torch.Tensor | None:
     """The backend's mask function: `sdpa_mask`, which gives None for a causal mask that
-    SDPA's `is_causal` can apply, and also None for the model's own sliding-window causal
-    mask without padding when every query sees its whole window (`q_length` 1 or
-    `kv_length`), which the program's mask ops then apply."""
-    from transformers.masking_utils import prepare_padding_mask, sdpa_mask  # see register()
+    SDPA's `is_causal` can apply, and also None (1) for the plain causal mask of a call
+    without padding mask or cache offset, also under `torch.compile` (where `sdpa_mask`
+    builds it densely before transformers 5.24 and torch 2.14), and (2) for the model's
+    own sliding-window causal mask without padding when every query sees its whole window
+    (`q_length` 1 or `kv_length`). The program's mask ops then apply the mask."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask  # see register()
 
+    if (attention_mask is None and local_size is None and allow_is_causal_skip and not use_vmap
+            and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+            and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0 and q_length == kv_length):
+        return None
     if (local_size is not None and allow_is_causal_skip and not use_vmap and not torch.compiler.is_compiling()
             and local_size == getattr(config, "sliding_window", None)
             and getattr(config, "attention_chunk_size", None) is None
@@ -155,8 +164,17 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     )
     if config.dropout:
         extra.append(int(torch.randint(0, 2**62, ())))
-    out = compiled(config)(query, key, value, *extra)
-    return out.transpose(1, 2), None
+    return _attend(query, key, value, tuple(extra), astuple(config)).transpose(1, 2), None
+
+
+@torch.compiler.allow_in_graph
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: tuple[Any, ...],
+            fields: tuple[Any, ...]) -> torch.Tensor:
+    """`compiled(AttentionConfig(*fields))(query, key, value, *extra)`. Under `torch.compile`
+    Dynamo puts this call in the graph as it is instead of tracing into the compiler
+    (which would break the graph at every layer); AOTAutograd then runs it on fake tensors,
+    which leaves the program's custom op (and its backward op) in the graph."""
+    return compiled(AttentionConfig(*fields))(query, key, value, *extra)
 
 
 def register(name: str = NAME) -> None:

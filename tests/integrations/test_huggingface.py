@@ -169,3 +169,18 @@ def test_errors() -> None:
         _call([[1]])()
     with pytest.raises(ValueError, match=r"expected a \[B, 1 or 4, Sq, Skv\] attention mask, got shape \(1, 5, 5\)"):
         _call(torch.ones(1, 5, 5, dtype=torch.bool))()
+
+
+def test_torch_compile_one_graph(configs: list[huggingface.AttentionConfig]) -> None:
+    """Under torch.compile(fullgraph=True) the model is one graph (the backend's calls are
+    graph nodes, not traced into the compiler) with the eager model's logits and gradients."""
+    model = _model("llama").train()
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(6))
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    eager, eager_grads = _run(model, "attnfuse", ids, keep)
+    torch._dynamo.reset()
+    got, got_grads = _run(torch.compile(model, backend="aot_eager", fullgraph=True), "attnfuse", ids, keep)
+    torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got_grads, eager_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert configs and all(c.causal and c.bias is None for c in configs)
