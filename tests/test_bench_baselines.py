@@ -51,3 +51,21 @@ def test_unsupported_programs_say_why() -> None:
     _, program, args = _program("gemma2")
     with pytest.raises(Unsupported, match="only score op is a top-left causal mask"):
         sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_decode_bench_program_and_baselines(q_len: int) -> None:
+    """bench/decode.py: its program, SDPA with the lower-right causal mask and the flex
+    translation all give the reference's decode attention (new queries last)."""
+    import attnfuse
+    from decode import PROGRAM, sdpa_lower_right
+
+    text = with_dtype(PROGRAM, "f32")
+    function = find_functions(reference.parse_program(text))[0]
+    g = torch.Generator().manual_seed(q_len)
+    q = torch.randn(2, 32, q_len, 128, generator=g)
+    k, v = (torch.randn(2, 8, 37, 128, generator=g) for _ in range(2))
+    want = reference.run(text, q, k, v)
+    for got in (attnfuse.compile(text)(q, k, v), sdpa_lower_right(q, k, v),
+                flex_baseline(analyze(function), [q, k, v], compile=False)(q, k, v)):
+        assert float((got.double() - want).abs().max()) < 1e-4
