@@ -29,9 +29,9 @@ sys.path.insert(0, HERE)
 H, HKV, D = 32, 8, 128
 SIZES = (2048, 4096, 8192, 16384)
 DEFAULT_VARIANTS = ("ws:2", "ws:3", "ws_coop:2", "simple:3", "simple:2")
-TIMEOUT_S = 600
+TIMEOUT_S = int(os.environ.get("GLUON_TIMEOUT_S", "600"))
 """Wall-clock limit of one variant's worker."""
-STALL_S = 150
+STALL_S = int(os.environ.get("GLUON_STALL_S", "150"))
 """A worker whose JSON has not been rewritten for this long is taken to hang (each step,
 compile included, takes seconds), and killed."""
 
