@@ -42,6 +42,12 @@ def _tile_dialect() -> Dialect:
     return Tile
 
 
+def _tile_hopper_dialect() -> Dialect:
+    from attnfuse.dialects.tile_hopper import TileHopper
+
+    return TileHopper
+
+
 def _triton_target() -> type[Target]:
     from attnfuse.backends.triton.target import TritonTarget
 
@@ -57,6 +63,7 @@ def _attn_frontend() -> type[Frontend]:
 ATTNFUSE_DIALECTS: dict[str, Callable[[], Dialect]] = {
     "attn": _attn_dialect,
     "tile": _tile_dialect,
+    "tile_hopper": _tile_hopper_dialect,
     "host": _host_dialect,
 }
 """Dialect name -> factory."""

@@ -21,11 +21,13 @@ func.func @llama3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: t
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, SymbolRefAttr, TensorType, UnitAttr, i32
+from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, SymbolRefAttr, TensorType, UnitAttr, i1, i32
 from xdsl.ir import Dialect
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
+    opt_operand_def,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
@@ -94,10 +96,13 @@ class AllocOp(IRDLOperation):
 
 @irdl_op_definition
 class LaunchOp(IRDLOperation):
-    """Launch `@kernel` on a 3-D grid of programs with the given arguments.
+    """Launch `@kernel` on a 3-D grid of programs with the given arguments; with
+    `when %c` only if `%c` holds (`unless` negates it: the fallback of a guarded launch).
 
     ```mlir
     host.launch @attn_fwd[%g0, %g1, %c1] (%q, %o, %sq) : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16>, i32
+    host.launch @attn_fwd_ws[%g0, %g1, %c1] (%k, %v, %o, %sq) when %ok : ...
+    host.launch @attn_fwd[%g0, %g1, %c1] (%q, %o, %sq) when %ok unless : ...
     ```
     """
 
@@ -107,9 +112,37 @@ class LaunchOp(IRDLOperation):
     grid_y = operand_def(i32)
     grid_z = operand_def(i32)
     args = var_operand_def()
+    cond = opt_operand_def(i1)
+    unless = opt_prop_def(UnitAttr)
+    irdl_options = (AttrSizedOperandSegments(),)
     assembly_format = (
-        "$kernel `[` $grid_x `,` $grid_y `,` $grid_z `]` ` ` `(` $args `)` attr-dict `:` type($args)"
+        "$kernel `[` $grid_x `,` $grid_y `,` $grid_z `]` ` ` `(` $args `)` (`when` $cond^)? (`unless` $unless^)? "
+        "attr-dict `:` type($args)"
     )
+
+
+@irdl_op_definition
+class TmaReadyOp(IRDLOperation):
+    """Whether a call may use TMA kernels: the device has compute capability `arch`.x and
+    every operand is contiguous, 16-byte aligned, with dim 2 a multiple of `rows`. It
+    depends only on the shape class of a call (shapes, strides, device, alignment).
+
+    ```mlir
+    %ok = host.tma_ready %q, %k, %v, %out {arch = 9 : i64, rows = 128 : i64} : tensor<?x32x?x128xbf16>, ...
+    ```
+    """
+
+    name = "host.tma_ready"
+    tensors = var_operand_def(TensorType)
+    arch = prop_def(IntegerAttr[I64])
+    rows = prop_def(IntegerAttr[I64])
+    result = result_def(i1)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$tensors attr-dict `:` type($tensors)"
+
+    def __init__(self, tensors: list[object], arch: int, rows: int) -> None:
+        super().__init__(operands=[tensors], result_types=[i1],
+                         properties={"arch": IntegerAttr(arch, 64), "rows": IntegerAttr(rows, 64)})
 
 
 @irdl_op_definition
@@ -147,4 +180,4 @@ class ConvertOp(IRDLOperation):
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
 
-Host = Dialect("host", [DimOp, AllocOp, LaunchOp, ReduceSumOp, ConvertOp], [])
+Host = Dialect("host", [DimOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

@@ -71,8 +71,10 @@ class HostCode:
             return x
         return self.emit(ConvertOp.build(operands=[x], result_types=[result]), name)
 
-    def launch(self, kernel: str, grid: Sequence[SSAValue], args: Sequence[SSAValue]) -> None:
+    def launch(self, kernel: str, grid: Sequence[SSAValue], args: Sequence[SSAValue], *,
+               when: SSAValue | None = None, unless: bool = False) -> None:
+        """Launch `kernel`; with `when`, only if it holds (or, `unless`, does not)."""
         self.emit(LaunchOp.build(
-            operands=[grid[0], grid[1], grid[2], list(args)],
-            properties={"kernel": SymbolRefAttr(kernel)},
+            operands=[grid[0], grid[1], grid[2], list(args), [] if when is None else [when]],
+            properties={"kernel": SymbolRefAttr(kernel), **({"unless": UnitAttr()} if unless else {})},
         ))

@@ -49,6 +49,7 @@ from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
+from attnfuse.lowering.hopper_forward import lower_hopper_forward
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
@@ -116,6 +117,10 @@ class LowerToTilePass(ModulePass):
     fold_scale: bool = True
     """Scale the scores after the row max, in the exp2 multiply-add, when only masks
     follow `attn.scores`; false is the ablation."""
+    hopper_forward: bool = True
+    """Also build the warp-specialized Gluon forward (`lowering/hopper_forward.py`) for
+    programs it serves; calls on compute capability 9.x devices whose shape class it
+    serves run it, the others the Triton kernel. False is the ablation."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -205,12 +210,16 @@ class LowerToTilePass(ModulePass):
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
         )
+        hopper = lower_hopper_forward(spec, host, fname, one) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
+        if hopper is not None:
+            kernels.extend(hopper[1])
         if tables is not None:
             kernels.extend(tables.kernels)
         grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
-        host.launch(f"{fname}_fwd", grid, forward.sig.host_operands())
+        host.launch(f"{fname}_fwd", grid, forward.sig.host_operands(),
+                    when=hopper[0] if hopper is not None else None, unless=True)
 
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)

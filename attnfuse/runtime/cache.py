@@ -36,7 +36,7 @@ from typing import Any
 
 from attnfuse.backends.triton.metadata import KernelMetadata
 
-FORMAT = "attnfuse-program/2"
+FORMAT = "attnfuse-program/3"
 """The entry format this module reads and writes."""
 
 
@@ -66,6 +66,8 @@ class CompiledProgram:
                     "launch": m.launch,
                     "do_not_specialize": list(m.do_not_specialize),
                     "writes": None if m.writes is None else list(m.writes),
+                    "maxnreg": m.maxnreg,
+                    "tma": {arg: list(block) for arg, block in m.tma.items()},
                 }
                 for name, m in self.kernels.items()
             },
@@ -128,10 +130,14 @@ def _is_str_list(value: Any) -> bool:
 def _kernel(name: str, data: Any) -> KernelMetadata | None:
     fields = {"name": str, "arg_names": list, "signature": dict, "num_warps": int,
               "num_stages": int, "launch": dict, "do_not_specialize": list}
-    if not isinstance(data, dict) or set(data) != {*fields, "writes"}:
+    if not isinstance(data, dict) or set(data) != {*fields, "writes", "maxnreg", "tma"}:
         return None
-    writes = data["writes"]
+    writes, maxnreg, tma = data["writes"], data["maxnreg"], data["tma"]
     if writes is not None and not _is_str_list(writes):
+        return None
+    if (maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool))) or not (
+        isinstance(tma, dict) and all(isinstance(v, list) and all(type(x) is int for x in v) for v in tma.values())
+    ):
         return None
     if any(not isinstance(data[f], t) or isinstance(data[f], bool) for f, t in fields.items()):
         return None
@@ -146,6 +152,7 @@ def _kernel(name: str, data: Any) -> KernelMetadata | None:
         num_warps=data["num_warps"], num_stages=data["num_stages"], launch=data["launch"],
         do_not_specialize=tuple(data["do_not_specialize"]),
         writes=None if writes is None else tuple(writes),
+        maxnreg=maxnreg, tma={arg: tuple(block) for arg, block in tma.items()},
     )
 
 

@@ -133,6 +133,11 @@ class KernelMetadata:
     """Scalar (non-stride integer) arguments Triton must not specialize on their value."""
     writes: tuple[str, ...] | None = None
     """Pointer arguments the kernel stores to (None: unknown, any may be written)."""
+    maxnreg: int | None = None
+    """Register cap per thread (Gluon warp-specialized kernels); None: Triton's default."""
+    tma: dict[str, tuple[int, ...]] = field(default_factory=dict[str, tuple[int, ...]])
+    """TMA descriptor arguments -> block shape: the runtime builds each from the tensor
+    operand (a 2-D view over its last dim, the block's default NVMMA shared layout)."""
 
     def decorator(self) -> str:
         """The kernel's `@triton.jit` line."""
@@ -145,7 +150,8 @@ class KernelMetadata:
         return "\n".join(
             [
                 f"# kernel {self.name}",
-                f"#   num_warps={self.num_warps} num_stages={self.num_stages}",
+                f"#   num_warps={self.num_warps} num_stages={self.num_stages}"
+                + (f" maxnreg={self.maxnreg}" if self.maxnreg is not None else ""),
                 f"#   launch: {self.launch!r}",
                 f"#   signature: {args}",
             ]

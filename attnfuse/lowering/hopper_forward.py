@@ -1,0 +1,299 @@
+"""The Hopper forward schedule: a warp-specialized Gluon kernel (FA3 ping-pong).
+
+For programs it serves (`ineligible_reason` says which and why not), `HopperForward`
+builds a `tile_hopper.kernel` from the template of `hopper_template.py` and the tile-IR
+device functions the template calls:
+
+* `<name>_range`: the KV walk of a 128-row CTA from the tile plan's band (first tile
+  start, tile count, and the tiles [full_lo, full_hi) that need no mask);
+* `<name>_q`: loads 64 Q rows (pointer loads) as the column parts of the RoPE layout
+  and applies the in-kernel Q transforms (`SideTransforms`: RoPE from the table of
+  `rope_table.py`, QK-norm); the template stores the parts into shared memory;
+* `<name>_score_masked` / `<name>_score_full`: the score chain (`ScoreChain`) on a
+  [64, 128] S tile, with and without the masks the plan covers.
+
+K, V and O go through TMA descriptors over the [B*H*S, D] views, so the kernel serves
+contiguous K/V/O with both sequence lengths multiples of 128 (`host.tma_ready` decides
+per shape class; the Triton kernel runs otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, FunctionType, TensorType, f32, i32
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from attnfuse.dialects.host import TmaReadyOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, ScoreModOp, SoftcapOp
+from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, ReturnOp, TmaDescType
+from attnfuse.dialects.tile_types import PtrType
+from attnfuse.lowering.forward import LOG2E, ForwardSpec
+from attnfuse.lowering.hopper_template import TEMPLATE
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+BLOCK_M = 128
+"""Query rows per CTA (two consumer warpgroups of 64)."""
+BLOCK_N = 128
+"""Keys per K/V tile."""
+ROWS = BLOCK_M // 2
+STAGES = 3
+"""K/V ring depth: Q (2 x 64 x D) + 3 x (K + V) tiles fit 227 KiB at D = 128."""
+MAXNREG = 168
+"""Register cap of the launch: 12 warps x 32 x 168 <= 65536; Triton's setmaxnreg then
+gives 240 registers to each consumer warpgroup and 24 to the producer."""
+HEAD_DIMS = (64, 128)
+
+logger = logging.getLogger(__name__)
+
+
+def ineligible_reason(spec: ForwardSpec) -> str | None:
+    """Why the Hopper schedule cannot serve this forward kernel, or None if it can."""
+    program, online = spec.program, spec.program.online
+    assert isinstance(online, OnlineSoftmaxOp)
+    q_type, k_type, v_type = spec.q.type, spec.k.type, spec.v.type
+    assert isinstance(q_type, TensorType) and isinstance(k_type, TensorType) and isinstance(v_type, TensorType)
+    dtype = q_type.element_type
+    if not isinstance(dtype, (BFloat16Type, Float16Type)) or k_type.element_type != dtype or v_type.element_type != dtype:
+        return "inputs are not all bf16 or all f16"
+    head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
+    if head_dim not in HEAD_DIMS or v_dim != head_dim:
+        return f"head dims {head_dim}/{v_dim} (needs 64 or 128, equal for K and V)"
+    if spec.block_map is not None or online.plan.has_runtime_block_map():
+        return "the tile plan has a runtime block map"
+    if online.sinks is not None:
+        return "attention sinks"
+    if online.dropout_seed is not None:
+        return "dropout"
+    if online.plan.get_prefix() is not None:
+        return "a prefix mask"
+    if spec.tile_counter is not None:
+        return "count-tiles"
+    if spec.remap:
+        return "not a forward program"
+    if spec.k_transforms:
+        return "K transforms run in the kernel (rope-fusion fused): the schedule reads K through TMA"
+    for op in program.score_ops:
+        if isinstance(op, MaskOp) and op.kind_name in ("document", "prefix_lm"):
+            return f"a {op.kind_name} mask"
+        if not isinstance(op, (MaskOp, BiasOp, SoftcapOp, ScoreModOp)):
+            return f"score op {op.name}"
+    ropes = [t for t in spec.q_transforms if isinstance(t, RopeOp)]
+    if len(ropes) > 1:
+        return "more than one Q rope"
+    if ropes and (ropes[0].str_option("style") != "half" or ropes[0].rotary_width() != head_dim):
+        return "a Q rope that is not half-style over the whole head dim"
+    return None
+
+
+class HopperForward:
+    """Builds the `tile_hopper.kernel` and device functions of a forward spec."""
+
+    def __init__(self, spec: ForwardSpec, name: str) -> None:
+        assert ineligible_reason(spec) is None
+        self.spec = spec
+        self.name = name
+        program = spec.program
+        online = program.online
+        assert isinstance(online, OnlineSoftmaxOp)
+        self.online = online
+        self.hq, self.hk, self.hv = program.heads
+        q_type = spec.q.type
+        assert isinstance(q_type, TensorType)
+        self.dtype: Attribute = q_type.element_type
+        self.head_dim = q_type.get_shape()[3]
+        scale = program.scores.scale_value()
+        # Masks commute with a positive scale: scale in the exp2 multiply-add.
+        self.defer_scale = scale > 0 and all(isinstance(op, MaskOp) for op in program.score_ops)
+        self.scale = scale
+        self.qk_scale = scale * LOG2E if self.defer_scale else LOG2E
+        rope = next((t for t in spec.q_transforms if isinstance(t, RopeOp)), None)
+        self.layout = partition(rope, self.head_dim)
+
+        sig = KernelSignature()
+        self.sig = sig
+        self.q_arg = sig.tensor("Q", spec.q)
+        assert spec.lse is not None
+        self.lse_arg = sig.tensor("LSE", spec.lse)
+        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
+        self.q_side = SideTransforms(spec.q_transforms, side, "q")
+        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
+        self.q_len_arg = sig.scalar("Sq", spec.q_len)
+        self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
+
+    # ------------------------------------------------------------------ arguments
+
+    def _decls(self) -> list[tuple[str, Attribute]]:
+        decls: list[tuple[str, Attribute]] = []
+        for arg in self.sig.args:
+            if isinstance(arg, TensorArg):
+                assert isinstance(arg.host.type, TensorType)
+                decls.append((arg.name, PtrType(arg.host.type.element_type)))
+                decls += [(f"{arg.name}_stride{i}", i32) for i in range(arg.rank)]
+            else:
+                decls.append((arg.name, arg.type))
+        return decls
+
+    def host_operands(self) -> list[SSAValue]:
+        """Operands of the kernel's `host.launch`: K, V, Out (descriptors), then the rest."""
+        return [self.spec.k, self.spec.v, self.spec.out, *self.sig.host_operands()]
+
+    def _function(self, suffix: str, leading: list[tuple[str, Attribute]]) -> tuple[FuncOp, TileBuilder]:
+        """A device function taking `leading` then every kernel argument, bound to the
+        signature (its tensors and scalars now read this function's arguments)."""
+        decls = leading + self._decls()
+        op = FuncOp(f"{self.name}_{suffix}", [t for _, t in decls], [])
+        for arg, (arg_name, _) in zip(op.args, decls):
+            arg.name_hint = arg_name
+        values = iter(op.args[len(leading):])
+        for arg in self.sig.args:
+            if isinstance(arg, TensorArg):
+                arg.ptr = next(values)
+                arg.strides = [next(values) for _ in range(arg.rank)]
+            else:
+                arg.value = next(values)
+        return op, TileBuilder(op)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _finish(op: FuncOp, b: TileBuilder, *results: SSAValue) -> FuncOp:
+        b.insert(ReturnOp(*results))
+        op.properties["function_type"] = FunctionType.from_lists(
+            op.function_type.inputs.data, [r.type for r in results])
+        op.verify()
+        return op
+
+    # ------------------------------------------------------------------ device functions
+
+    def _range_function(self) -> FuncOp:
+        op, b = self._function("range", [("q_start", i32), ("batch", i32), ("head", i32)])
+        q_start = op.args[0]
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        plan, bn = self.online.plan, BLOCK_N
+        lower, upper = plan.get_band()
+        diag: Value = b.sub(kv_len, q_len, name="diag") if plan.is_bottom_right() else 0
+        q_last = b.add(q_start, BLOCK_M - 1, name="q_last")
+        lo: Value = 0
+        full_lo: Value = 0
+        hi: Value = kv_len
+        full_hi: Value = kv_len
+        if lower is not None:
+            first = b.add(b.add(q_start, diag), int(lower), name="first_key")
+            lo = b.mul(b.div(b.maximum(first, 0), bn), bn, name="kv_lo")
+            last_first = b.maximum(b.add(b.add(q_last, diag), int(lower)), 0)
+            full_lo = b.mul(b.div(b.add(last_first, bn - 1), bn), bn)
+        if upper is not None:
+            hi = b.minimum(kv_len, b.maximum(b.add(b.add(q_last, diag), int(upper) + 1), 0))
+            full_hi = b.mul(b.div(b.maximum(b.add(b.add(q_start, diag), int(upper) + 1), 0), bn), bn)
+        if lower is not None:
+            hi = b.where(b.ge(first, kv_len), lo, hi, name="kv_hi")
+        if not plan.is_exact():
+            full_lo, full_hi = 0, 0
+        hi_tiles = b.mul(b.div(b.add(hi, bn - 1), bn), bn, name="kv_hi_tiles")
+        f0 = b.minimum(b.maximum(full_lo, lo), hi_tiles, name="full_lo")
+        f1 = b.minimum(b.maximum(full_hi, f0), hi_tiles, name="full_hi")
+        n_tiles = b.div(b.maximum(b.sub(hi_tiles, lo), 0), bn, name="n_tiles")
+        lo_value = lo if isinstance(lo, SSAValue) else b.constant(lo, i32)
+        return self._finish(op, b, lo_value, n_tiles, f0, f1)
+
+    def _q_function(self) -> FuncOp:
+        op, b = self._function("q", [("rows", TensorType(i32, [ROWS])), ("batch", i32), ("head", i32)])
+        rows, batch, head = op.args[:3]
+        base = self.q_arg.base(b, batch, head)
+        parts = load_parts(b, self.q_arg, base, rows, None, self.layout)
+        if self.spec.q_transforms:
+            q32 = {r: b.cast(t, f32) for r, t in parts.items()}
+            row_ok = b.lt(rows, self.q_len_arg.value)  # type: ignore[arg-type]
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            parts = {r: b.cast(t, self.dtype, name=f"q_{r}") for r, t in q32.items()}
+        return self._finish(op, b, *(parts[p.role] for p in self.layout))
+
+    def _score_function(self, suffix: str, full_tile: bool) -> FuncOp:
+        leading: list[tuple[str, Attribute]] = [
+            ("s", TensorType(f32, [ROWS, BLOCK_N])), ("rows", TensorType(i32, [ROWS])),
+            ("cols", TensorType(i32, [BLOCK_N])), ("batch", i32), ("head", i32)]
+        op, b = self._function(suffix, leading)
+        s, rows, cols, batch, head = op.args[:5]
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(b.lt(cols, kv_len), 0), name="valid")
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        if not self.defer_scale:
+            s = b.mul(s, self.scale, name="s")
+        s = self.chain.apply(b, s, at, full_tile=full_tile)
+        return self._finish(op, b, s)
+
+    def _needs_score(self, full_tile: bool) -> bool:
+        ops = [op for op in self.spec.program.score_ops if not (full_tile and op in self.spec.planned_masks)]
+        return bool(ops) or not self.defer_scale
+
+    # ------------------------------------------------------------------ kernel
+
+    def build(self) -> list[Operation]:
+        """The device functions, then the kernel."""
+        functions = [self._range_function(), self._q_function()]
+        arg_names = [n for n, _ in self._decls()]
+        args = ", ".join(arg_names)
+        call_args = f"s, rows, cols, batch, head, {args}"
+        masked, full = self._needs_score(False), self._needs_score(True)
+        lines: list[str] = []
+        if masked:
+            functions.append(self._score_function("score_masked", False))
+            if full and not self.spec.planned_masks:
+                lines.append(f"    s = {functions[-1].sym_name.data}({call_args})")
+            else:
+                lines.append("    if (start < full_lo) | (start >= full_hi):")
+                lines.append(f"        s = {functions[-1].sym_name.data}({call_args})")
+                if full:
+                    functions.append(self._score_function("score_full", True))
+                    lines += ["    else:", f"        s = {functions[-1].sym_name.data}({call_args})"]
+        q_fn = functions[1].sym_name.data
+        parts = [f"q_{p.role}" for p in self.layout]
+        q_lines = [f"    {', '.join(parts)} = {q_fn}(q_rows, batch, head, {args})"]
+        for part, var in zip(self.layout, parts):
+            target = "q" if len(self.layout) == 1 else f"q.slice({part.start}, {part.width}, dim=1)"
+            q_lines.append(f"    {target}.store(gl.convert_layout({var}, q_layout))")
+        lse = self.lse_arg.name
+        text = TEMPLATE.substitute(
+            k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
+            group_v=self.hq // self.hv, stages=STAGES, qk_scale=repr(self.qk_scale), args=args,
+            range_fn=functions[0].sym_name.data, q_store="\n".join(q_lines),
+            score_step="\n".join(lines) or "    pass", q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name,
+            lse=lse, lse_s0=f"{lse}_stride0", lse_s1=f"{lse}_stride1", lse_s2=f"{lse}_stride2",
+        )
+        d = self.head_dim
+        descs: list[tuple[str, Attribute]] = [
+            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d])), ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
+            ("o_desc", TmaDescType(self.dtype, [ROWS, d]))]
+        decls = descs + self._decls()
+        kernel = KernelOp(
+            self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch=dict(self.spec.launch),
+            callees=[f.sym_name.data for f in functions], template=text)
+        for arg, (arg_name, _) in zip(kernel.args, decls):
+            arg.name_hint = arg_name
+        return [*functions, kernel]
+
+
+
+
+def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+    """Build the Hopper kernel of `spec` and its guarded launch (`host.tma_ready` over
+    Q, K, V, Out); returns (the guard, the ops), or None (with a debug log saying why)
+    when the schedule cannot serve the program."""
+    reason = ineligible_reason(spec)
+    if reason is not None:
+        logger.debug("@%s: Hopper forward schedule not used: %s", name, reason)
+        return None
+    hopper = HopperForward(spec, f"{name}_fwd_ws")
+    ops = hopper.build()
+    ok = host.emit(TmaReadyOp([spec.q, spec.k, spec.v, spec.out], arch=9, rows=BLOCK_M), "use_hopper")
+    grid = [host.mul(spec.batch, hopper.hq, "ws_grid_bh"), host.cdiv(spec.q_len, BLOCK_M, "ws_grid_m"), one]
+    host.launch(hopper.name, grid, hopper.host_operands(), when=ok)
+    return ok, ops
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HopperForward", "ineligible_reason", "lower_hopper_forward"]

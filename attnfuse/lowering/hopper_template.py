@@ -1,0 +1,170 @@
+"""The Gluon template of the Hopper forward schedule (FA3: warp-specialized ping-pong).
+
+From `bench/prototypes/gluon_fa3_forward.py` (`fa3_fwd_ws_kernel`, measured 0.95-1.05x
+cuDNN on an H200), generalized: one CTA owns 128 query rows of one (batch, q head);
+a 1-warp producer partition TMA-loads the K/V tiles of the CTA's KV walk into a
+`$stages`-deep shared-memory ring; two 4-warp consumer warpgroups (64 rows each) take
+turns issuing their async wgmmas (S = Q K^T, O += P V) so that one's softmax overlaps
+the other's tensor-core work. The walk goes from the last KV tile of the band down to
+the first (the diagonal, masked tile first for causal bands).
+
+What is problem-specific comes from tile IR device functions (`tile_hopper.func`):
+`$range_fn` (the KV walk of the CTA: first tile start, tile count, and the range
+[full_lo, full_hi) of tiles that need no mask), `$q_fn` (loads and transforms the
+consumer's Q rows, returning column parts) and the score functions (`$score_masked`,
+`$score_full`: the score chain on the raw S tile, in the units `$qk_scale` turns into
+log2 units). `$args` are the kernel's pointer/stride/scalar arguments, passed to every
+device function.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+TEMPLATE = Template('''\
+@gluon.jit
+def ${k}_coords():
+    pid_bh = gl.program_id(0)
+    m = gl.num_programs(1) - 1 - gl.program_id(1)
+    return pid_bh, pid_bh // $hq, pid_bh % $hq, m
+
+
+@gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, $args):
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    pid_bh, batch, head, m = ${k}_coords()
+    kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
+    k_row = (batch * $hk + head // $group_k) * $kv_len
+    v_row = (batch * $hv + head // $group_v) * $kv_len
+    for j in range(n_tiles):
+        st = j % $stages
+        ph = (j // $stages) & 1
+        start = kv_lo + (n_tiles - 1 - j) * BN
+        # a fresh mbarrier counts as having completed phase "1": the first lap passes
+        mbarrier.wait(empty.index(st), ph ^ 1)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+
+
+@gluon.jit
+def ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args):
+    """One online-softmax step of the S tile at key `start` (m in log2 units)."""
+    cols = start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+$score_step
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * $qk_scale)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s * $qk_scale - m_safe[:, None])
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, alpha, l_new
+
+
+@gluon.jit
+def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, WG: gl.constexpr):
+    ROWS: gl.constexpr = o_desc.block_type.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
+    D: gl.constexpr = k_smem.shape[2]
+    DV: gl.constexpr = v_smem.shape[2]
+    dtype: gl.constexpr = o_desc.dtype
+    NW: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                        instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                        instr_shape=[16, DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    OTHER: gl.constexpr = 1 - WG
+
+    pid_bh, batch, head, m = ${k}_coords()
+    kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
+    q_start = m * 128 + WG * ROWS
+    q = q_smem.index(WG)
+    # prologue: this warpgroup's Q rows, loaded and transformed in registers, into shared memory
+    q_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+$q_store
+    fence_async_shared()
+
+    rows = q_start + gl.arange(0, ROWS, layout=row_layout)
+    zero_s = gl.zeros([ROWS, BN], gl.float32, s_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, row_layout)
+    o = gl.zeros([ROWS, DV], gl.float32, o_layout)
+    if n_tiles > 0:
+        # turn k of WG 0 waits for parity (k & 1) ^ 1 (its first turn passes on the fresh
+        # barrier), turn k of WG 1 for parity k & 1 (granted by WG 0's k-th arrive).
+        mbarrier.wait(turn.index(WG), 1 - WG)
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.arrive(turn.index(OTHER))
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        start = kv_lo + (n_tiles - 1) * BN
+        p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
+        for j in range(1, n_tiles):
+            st = j % $stages
+            prev = (j - 1) % $stages
+            mbarrier.wait(turn.index(WG), (j & 1) ^ OTHER)
+            mbarrier.wait(k_ready.index(st), (j // $stages) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // $stages) & 1)
+            o_tok = warpgroup_mma(p16, v_smem.index(prev), o, is_async=True)
+            mbarrier.arrive(turn.index(OTHER))
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            start = kv_lo + (n_tiles - 1 - j) * BN
+            p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
+            o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+            mbarrier.arrive(empty.index(prev))
+        last = (n_tiles - 1) % $stages
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // $stages) & 1)
+        o_tok = warpgroup_mma(p16, v_smem.index(last), o, is_async=True)
+        o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+        mbarrier.arrive(empty.index(last))
+
+    # epilogue: O / l into this warpgroup's (dead) Q tile, TMA store; natural-log LSE.
+    # A row that sees no key gets O = 0 and lse = -inf.
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    q.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [pid_bh * $q_len + q_start, 0], q)
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    lse_base = batch.to(gl.int64) * $lse_s0 + head.to(gl.int64) * $lse_s1
+    gl.store($lse + lse_base + rows * $lse_s2, lse)
+    tma.store_wait(pendings=0)
+
+
+def __kernel__():
+    ROWS: gl.constexpr = o_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    DV: gl.constexpr = v_desc.block_type.shape[1]
+    dtype: gl.constexpr = o_desc.dtype
+    gl.static_assert(ROWS * 2 == 128)
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, D], o_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [$stages, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [$stages, BN, DV], v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range($stages):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, 0)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, 1)),
+        (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, $args)),
+    ], [4, 1], [240, 24])
+''')
+"""Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
+args, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2."""
