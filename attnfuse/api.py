@@ -31,11 +31,14 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, TensorType
 from xdsl.printer import Printer
 
+from attnfuse.backends.gluon.emitter import emit_gluon
+from attnfuse.backends.gluon.metadata import gluon_kernel_metadata
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.builder import Program
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.source_locations import decode_source
 from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_hopper import KernelOp as GluonKernelOp
 from attnfuse.params import substitute
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
@@ -126,11 +129,13 @@ class AttentionFunction:
             start = time.perf_counter()
             manager.run(module, ctx, locations=locations)
             kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
+            gluon = [op for op in module.walk() if isinstance(op, GluonKernelOp)]
             host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
             compiled = cache.CompiledProgram(
-                source=emit_module(kernels),
+                source=emit_module(kernels) + emit_gluon(module),
                 host="\n".join(_print(f) for f in host_funcs),
-                kernels={k.sym_name.data: kernel_metadata(k) for k in kernels},
+                kernels={**{k.sym_name.data: kernel_metadata(k) for k in kernels},
+                         **{k.sym_name.data: gluon_kernel_metadata(k) for k in gluon}},
             )
             self.lowered_ir = str(module)
             logger.debug("@%s: ran %s in %.3f s", self.name, pipeline, time.perf_counter() - start)

@@ -120,6 +120,10 @@ class LaunchOp(IRDLOperation):
         "attr-dict `:` type($args)"
     )
 
+    def verify_(self) -> None:
+        if self.unless is not None and self.cond is None:
+            raise VerifyException("host.launch: 'unless' needs a 'when' condition")
+
 
 @irdl_op_definition
 class TmaReadyOp(IRDLOperation):

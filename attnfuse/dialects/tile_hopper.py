@@ -236,8 +236,7 @@ class KernelOp(IRDLOperation):
         _print_signature(printer, self.body.block)
         attrs = {name: self.properties[name] for name in self._PROP_NAMES}
         printer.print_op_attributes(attrs, print_keyword=True)
-        printer.print_string(" ")
-        printer.print_region(self.body, print_entry_block_args=False, print_empty_block=True)
+        printer.print_string(" {\n}")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:

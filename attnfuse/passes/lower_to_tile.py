@@ -219,7 +219,7 @@ class LowerToTilePass(ModulePass):
             kernels.extend(tables.kernels)
         grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
         host.launch(f"{fname}_fwd", grid, forward.sig.host_operands(),
-                    when=hopper[0] if hopper is not None else None, unless=True)
+                    when=hopper[0] if hopper is not None else None, unless=hopper is not None)
 
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)

@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import ArrayAttr, DenseIntOrFPElementsAttr, IntegerAt
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import KernelMetadata
-from attnfuse.dialects.host import TOP_LEFT_BAND, AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp
+from attnfuse.dialects.host import TOP_LEFT_BAND, AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp, TmaReadyOp
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
 
@@ -248,7 +248,12 @@ class HostProgram:
                 step = self._int_step(op, out, slots, static)
             elif isinstance(op, AllocOp):
                 step = self._alloc_step(op, out, slots, device)
+            elif isinstance(op, TmaReadyOp):
+                slots[out] = self._tma_ready(op, slots, device)
+                static.add(out)
             elif isinstance(op, LaunchOp):
+                if op.cond is not None and bool(slots[self.slots[op.cond]]) == (op.unless is not None):
+                    continue  # a guarded launch this shape class does not take
                 step = self._launch_step(op, slots, static, kernels, device)
                 if op in self.cached_launches:
                     step(slots)  # runs once; its buffers stay with the plan
@@ -304,6 +309,14 @@ class HostProgram:
         alloc.out = out  # type: ignore[attr-defined]
         return alloc
 
+    def _tma_ready(self, op: TmaReadyOp, slots: Slots, device: torch.device) -> bool:
+        """`host.tma_ready` of this shape class (logged at debug level when false)."""
+        reason = tma_unready_reason(
+            [slots[self.slots[t]] for t in op.tensors], device, op.arch.value.data, op.rows.value.data)
+        if reason is not None:
+            logger.debug("@%s: TMA kernels not used for this shape class: %s", self.name, reason)
+        return reason is None
+
     def _launch_step(self, op: LaunchOp, slots: Slots, static: set[int], kernels: Mapping[str, Any],
                      device: torch.device) -> Step:
         """The one place where a launch's argument list is built (see `KernelLaunch`)."""
@@ -312,10 +325,18 @@ class HostProgram:
         grid = tuple(int(slots[self.slots[g]]) for g in (op.grid_x, op.grid_y, op.grid_z))
         template: list[Any] = []
         fill: list[tuple[int, int]] = []
+        descriptors: list[tuple[int, int, tuple[int, ...]]] = []
+        arg_names = iter(meta.arg_names)
         for value in op.args:
             index = self.slots[value]
             arg = slots[index]
-            if isinstance(arg, torch.Tensor):
+            arg_name = next(arg_names)
+            if isinstance(arg, torch.Tensor) and arg_name in meta.tma:
+                descriptors.append((len(template), index, meta.tma[arg_name]))
+                template.append(None)
+            elif isinstance(arg, torch.Tensor):
+                for _ in arg.shape:
+                    next(arg_names)
                 where = self._describe(value)
                 check_int32_layout(arg, where)
                 if arg.device != device:
@@ -328,7 +349,7 @@ class HostProgram:
                 if index not in static:
                     fill.append((len(template), index))
                 template.append(arg if index in static else None)
-        launch = KernelLaunch(kernels[name], meta, grid, template, tuple(fill), device)
+        launch = KernelLaunch(kernels[name], meta, grid, template, tuple(fill), device, tuple(descriptors))
         return launch if 0 not in grid else _skip
 
     def _describe(self, value: SSAValue) -> str:
@@ -336,6 +357,21 @@ class HostProgram:
         if index < self.n_args:
             return f"argument {index} '{self.arg_names[index]}' of @{self.name}"
         return f"buffer '{value.name_hint or index}' of @{self.name}"
+
+
+def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int) -> str | None:
+    """Why a call cannot use TMA kernels (see `host.tma_ready`), or None."""
+    if device.type != "cuda":
+        return f"device {device}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != arch:
+        return f"compute capability {major}.{minor}"
+    for n, t in enumerate(tensors):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return f"operand {n} is not contiguous and 16-byte aligned"
+        if t.shape[2] % rows:
+            return f"operand {n} has length {t.shape[2]}, not a multiple of {rows}"
+    return None
 
 
 def _skip(_: Slots) -> None:

@@ -2,9 +2,9 @@
 
 `KernelLaunch` holds a launch's grid and its argument list as a template: strides,
 sizes, constant tables and buffers that a plan keeps are filled in; `fill` lists the
-positions of the tensors and scalars that change from call to call. (Host-side
-arguments that a kernel may take later, such as Triton tensor descriptors, belong in
-the template the same way, built in `HostProgram._launch_step`.)
+positions of the tensors and scalars that change from call to call, `descriptors` the
+TMA descriptor arguments (Gluon kernels), built on every call from a tensor slot as a
+2-D view over its last dim with the block's default NVMMA shared layout.
 
 On a GPU the first launch goes through `JITFunction.run`, which binds, specializes and
 compiles (or finds the compiled kernel in Triton's caches) and returns the
@@ -28,11 +28,17 @@ from attnfuse.runtime.loader import INTERPRETER_LOCK
 class KernelLaunch:
     """A launch step of a plan (see the module docstring); call it with the slots."""
 
-    __slots__ = ("compiled", "device_index", "fill", "grid", "kernel", "knobs", "meta", "stream", "template")
+    __slots__ = ("compiled", "descriptors", "device_index", "fill", "grid", "kernel", "knobs", "meta", "options",
+                 "stream", "template")
 
     def __init__(self, kernel: Any, meta: KernelMetadata, grid: tuple[int, int, int],
-                 template: list[Any], fill: Sequence[tuple[int, int]], device: torch.device) -> None:
+                 template: list[Any], fill: Sequence[tuple[int, int]], device: torch.device,
+                 descriptors: Sequence[tuple[int, int, tuple[int, ...]]] = ()) -> None:
         self.kernel = kernel
+        self.options: dict[str, int] = {"num_warps": meta.num_warps, "num_stages": meta.num_stages}
+        if meta.maxnreg is not None:
+            self.options["maxnreg"] = meta.maxnreg
+        self.descriptors = tuple((position, slot, list(block), None) for position, slot, block in descriptors)
         self.meta = meta
         self.grid = grid
         self.template = template
@@ -46,9 +52,11 @@ class KernelLaunch:
         args = self.template.copy()
         for position, slot in self.fill:
             args[position] = slots[slot]
+        if self.descriptors:
+            self._descriptors(args, slots)
         if self.device_index is None:
             with INTERPRETER_LOCK:
-                self.kernel[self.grid](*args, num_warps=self.meta.num_warps, num_stages=self.meta.num_stages)
+                self.kernel[self.grid](*args, **self.options)
         elif self.compiled is None:
             self._first_launch(args)
         else:
@@ -66,6 +74,16 @@ class KernelLaunch:
 
         self.stream = driver.active.get_current_stream
         self.knobs = knobs.runtime
-        self.compiled = self.kernel[self.grid](
-            *args, num_warps=self.meta.num_warps, num_stages=self.meta.num_stages
-        )
+        self.compiled = self.kernel[self.grid](*args, **self.options)
+
+    def _descriptors(self, args: list[Any], slots: list[Any]) -> None:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        for n, (position, slot, block, layout) in enumerate(self.descriptors):
+            tensor = slots[slot]
+            if layout is None:
+                dtype = getattr(gl, str(tensor.dtype).removeprefix("torch."))
+                layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+                self.descriptors = (*self.descriptors[:n], (position, slot, block, layout), *self.descriptors[n + 1:])
+            args[position] = TensorDescriptor.from_tensor(tensor.view(-1, tensor.shape[-1]), block, layout)

@@ -95,4 +95,20 @@ def gluon_resources(compiled: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["SHARED_MEMORY_LIMIT", "compile_gluon_for_sm90", "gluon_resources"]
+
+
+
+def compile_module_for_sm90(module: Any) -> dict[str, dict[str, Any]]:
+    """Compile every `tile_hopper.kernel` of a lowered module for sm_90a: name -> resources
+    (`gluon_resources`). Run it in a process that has not interpreted kernels."""
+    from attnfuse.backends.gluon.emitter import emit_gluon
+    from attnfuse.backends.gluon.metadata import gluon_kernel_metadata
+    from attnfuse.backends.triton.emitter import emit_module
+    from attnfuse.dialects.tile_hopper import KernelOp
+
+    source = emit_module(module) + emit_gluon(module)
+    kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
+    return {k.sym_name.data: gluon_resources(compile_gluon_for_sm90(source, gluon_kernel_metadata(k)))
+            for k in kernels}
+
+__all__ = ["SHARED_MEMORY_LIMIT", "compile_gluon_for_sm90", "compile_module_for_sm90", "gluon_resources"]

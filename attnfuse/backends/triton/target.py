@@ -9,6 +9,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.target import Target
 
+from attnfuse.backends.gluon.emitter import emit_gluon
 from attnfuse.backends.triton.emitter import emit_module
 
 
@@ -17,10 +18,11 @@ class TritonTarget(Target):
     """
     Prints one Python module with the Triton source of every `tile.kernel` in the
     input, each preceded by a comment with its launch metadata (name, num_warps,
-    num_stages, the `launch` dictionary, the argument signature).
+    num_stages, the `launch` dictionary, the argument signature), then the Gluon
+    kernels of `tile_hopper` ops (the Hopper forward schedule), as the runtime loads it.
     """
 
     name = "triton"
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        output.write(emit_module(module))
+        output.write(emit_module(module) + emit_gluon(module))

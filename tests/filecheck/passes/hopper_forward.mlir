@@ -1,0 +1,57 @@
+// lower-to-tile{hopper-forward}: an eligible program (bf16, head dim 128, GQA, causal,
+// RoPE with K pre-rotated by rope-fusion hybrid) gets, besides the Triton forward, the
+// warp-specialized Gluon kernel: device functions in tile IR (KV walk, Q prologue,
+// score chain), a tile_hopper.kernel with TMA descriptor arguments for K, V and Out,
+// and host code that picks one of the two forward launches per shape class.
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile' | filecheck %s
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile{hopper-forward=false}' | filecheck %s --check-prefix=OFF
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,lower-to-tile' | filecheck %s --check-prefix=OFF
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile' -t triton | filecheck %s --check-prefix=GLUON
+
+func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q {theta = 500000.0} : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k {theta = 500000.0} : tensor<?x2x?x128xbf16>
+  %s = attn.scores %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<?x8x?x?xf32>
+  %m = attn.mask causal %s : !attn.scores<?x8x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// CHECK-LABEL: func.func @llama(
+// CHECK:         host.launch @llama_k_prologue
+// CHECK:         %use_hopper = host.tma_ready %q, %k_transformed, %v, %out {arch = 9 : i64, rows = 128 : i64}
+// CHECK:         %ws_grid_bh = arith.muli %batch, %{{.*}} : i32
+// CHECK:         %ws_grid_m = arith.ceildivsi %q_len, %{{.*}} : i32
+// CHECK-NEXT:    host.launch @llama_fwd_ws[%ws_grid_bh, %ws_grid_m, %one] (%k_transformed, %v, %out, %q, %lse, %{{.*}}, %q_len, %kv_len) when %use_hopper :
+// CHECK:         host.launch @llama_fwd[%grid_m, %grid_bh, %one] ({{.*}}) when %use_hopper unless :
+// CHECK:       tile.kernel @llama_fwd(
+// CHECK:       tile_hopper.func @llama_fwd_ws_range(%q_start: i32, %batch: i32, %head: i32, {{.*}}) -> (i32, i32, i32, i32) {
+// CHECK:         %n_tiles = arith.divsi
+// CHECK:         tile_hopper.return
+// CHECK:       tile_hopper.func @llama_fwd_ws_q(%rows: tensor<64xi32>, %batch: i32, %head: i32, {{.*}}) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
+// CHECK:         %rot_a = arith.subf
+// CHECK:         %rot_b = arith.addf
+// CHECK:       tile_hopper.func @llama_fwd_ws_score_masked(%s: tensor<64x128xf32>, %rows: tensor<64xi32>, %cols: tensor<128xi32>, {{.*}}) -> (tensor<64x128xf32>) {
+// CHECK:         %s_masked = tile.where
+// CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score_full
+// CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
+// CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
+// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masked]
+
+// OFF-NOT:     tma_ready
+// OFF-NOT:     tile_hopper
+// OFF:         host.launch @llama_fwd[%grid_m, %grid_bh, %one] ({{.*}}) :
+// OFF-NOT:     tile_hopper
+
+// GLUON:       from triton.experimental import gluon
+// GLUON:       @gluon.jit
+// GLUON-NEXT:  def llama_fwd_ws_score_masked(s, rows, cols, batch, head,
+// GLUON:       gl.where(
+// GLUON:       def llama_fwd_ws_consumer(
+// GLUON:       warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+// GLUON:       # gluon kernel llama_fwd_ws
+// GLUON-NEXT:  #   num_warps=4 num_stages=1 maxnreg=168
+// GLUON:       @gluon.jit(do_not_specialize=['Sq', 'Skv'])
+// GLUON-NEXT:  def llama_fwd_ws(k_desc, v_desc, o_desc, Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, LSE,
+// GLUON:       gl.warp_specialize([

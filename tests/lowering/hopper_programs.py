@@ -1,0 +1,111 @@
+"""Programs the Hopper forward schedule serves (and some it must not), shared by the CPU
+compile / eligibility tests and the GPU correctness tests (tests/gpu/test_hopper_forward_gpu.py).
+
+`ELIGIBLE`: name -> (program text, pipeline). Examples run with rope-fusion hybrid (the
+default for Llama-3: K pre-rotated by a pre-kernel, Q rotated in the kernel's prologue).
+`INELIGIBLE`: name -> (program text, pipeline, a fragment of the reason logged).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from programs import Builder
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def pipeline(strategy: str = "hybrid", hopper: bool = True) -> str:
+    lower = "lower-to-tile" if hopper else "lower-to-tile{hopper-forward=false}"
+    return f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling,{lower}"
+
+
+def _gemma2_like() -> str:
+    """Gemma-2 score ops (softcap 50, causal + sliding window) at head dim 128."""
+    b = Builder("gemma2_like", hq=16, hkv=8, d=128, dtype="bf16")
+    b.rope(theta=10000.0).scores(scale=0.0625).softcap(50.0)
+    b.mask("causal").mask("sliding_window", left=300)
+    return b.build().text
+
+
+def _window() -> str:
+    """A two-sided local window (no causal mask): masked tiles at both band edges."""
+    b = Builder("window", hq=8, hkv=2, d=128, dtype="bf16")
+    b.mask("sliding_window", left=200, right=100)
+    return b.build().text
+
+
+def _bottom_right() -> str:
+    """Causal aligned bottom-right (queries are the last Sq of Skv keys), RoPE, GQA."""
+    b = Builder("bottom_right", hq=8, hkv=2, d=128, dtype="bf16")
+    b.rope(theta=500000.0).mask("causal", align="bottom_right")
+    return b.build().text
+
+
+def _d64() -> str:
+    """Head dim 64, GQA 16/4, RoPE + QK-norm without weight, causal."""
+    b = Builder("d64", hq=16, hkv=4, d=64, dtype="bf16")
+    b.qk_norm(eps=1e-6).rope(theta=10000.0).mask("causal")
+    return b.build().text
+
+
+def _score_mod() -> str:
+    """A score_mod region (scaled scores plus a distance term) and an f16 causal mask."""
+    b = Builder("score_mod", hq=8, hkv=8, d=128, dtype="f16")
+    b.score_mod(
+        """
+        %c$ = arith.constant 0.5 : f32
+        %d$ = arith.subi %q$, %kv$ : index
+        %di$ = arith.index_cast %d$ : index to i64
+        %df$ = arith.sitofp %di$ : i64 to f32
+        %e$ = arith.constant -0.01 : f32
+        %t$ = arith.mulf %df$, %e$ : f32
+        %y$ = arith.mulf %x$, %c$ : f32
+        %z$ = arith.addf %y$, %t$ : f32
+        attn.yield %z$ : f32
+    """
+    ).mask("causal")
+    return b.build().text
+
+
+def _sinks() -> str:
+    b = Builder("sinks", hq=8, hkv=2, d=64, dtype="bf16")
+    b.mask("causal")
+    return b.build(sinks=True).text
+
+
+def _d96() -> str:
+    b = Builder("d96", hq=4, hkv=2, d=96, dtype="bf16")
+    b.mask("causal")
+    return b.build().text
+
+
+def _interleaved() -> str:
+    b = Builder("interleaved", hq=4, hkv=2, d=128, dtype="bf16")
+    b.rope(style="interleaved").mask("causal")
+    return b.build().text
+
+
+ELIGIBLE: dict[str, tuple[str, str]] = {
+    "llama3": ((EXAMPLES / "llama3.attn").read_text(), pipeline()),
+    "llama3_1": ((EXAMPLES / "llama3_1.attn").read_text(), pipeline()),
+    "qwen3": ((EXAMPLES / "qwen3.attn").read_text(), pipeline()),
+    "alibi": ((EXAMPLES / "alibi.attn").read_text(), pipeline("fused")),
+    "gemma2_like": (_gemma2_like(), pipeline()),
+    "window": (_window(), pipeline("fused")),
+    "bottom_right": (_bottom_right(), pipeline()),
+    "d64": (_d64(), pipeline()),
+    "score_mod": (_score_mod(), pipeline("fused")),
+}
+
+INELIGIBLE: dict[str, tuple[str, str, str]] = {
+    "llama3_fused": ((EXAMPLES / "llama3.attn").read_text(), pipeline("fused"), "K transforms run in the kernel"),
+    "gemma2": ((EXAMPLES / "gemma2.attn").read_text(), pipeline(), "head dims 256/256"),
+    "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), pipeline(), "attention sinks"),
+    "document": ((EXAMPLES / "document.attn").read_text(), pipeline(), "runtime block map"),
+    "dropout": ((EXAMPLES / "dropout.attn").read_text(), pipeline(), "dropout"),
+    "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), pipeline(), "not all bf16 or all f16"),
+    "sinks": (_sinks(), pipeline(), "attention sinks"),
+    "d96": (_d96(), pipeline(), "head dims 96/96"),
+    "interleaved": (_interleaved(), pipeline(), "not half-style"),
+}
