@@ -45,8 +45,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // OFF-NOT:     tile_hopper
 
 // GLUON:       from triton.experimental import gluon
-// GLUON:       @gluon.jit
-// GLUON-NEXT:  def llama_fwd_ws_score_masked(s, rows, cols, batch, head,
+// GLUON:       def llama_fwd_ws_score_masked(s, rows, cols, batch, head,
 // GLUON:       gl.where(
 // GLUON:       def llama_fwd_ws_consumer(
 // GLUON:       warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
