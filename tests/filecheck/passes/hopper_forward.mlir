@@ -49,7 +49,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // GLUON:       gl.where(
 // GLUON:       def llama_fwd_ws_consumer(
 // GLUON:       warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-// GLUON:       # gluon kernel llama_fwd_ws
+// GLUON:       # kernel llama_fwd_ws
 // GLUON-NEXT:  #   num_warps=4 num_stages=1 maxnreg=168
 // GLUON:       @gluon.jit(do_not_specialize=['Sq', 'Skv'])
 // GLUON-NEXT:  def llama_fwd_ws(k_desc, v_desc, o_desc, Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, LSE,
