@@ -212,7 +212,9 @@ class HopperForward:
             parts = {r: b.cast(t, self.dtype, name=f"q_{r}") for r, t in q32.items()}
         return self._finish(op, b, *(parts[p.role] for p in self.layout))
 
-    def _score_function(self, suffix: str, full_tile: bool) -> FuncOp:
+    def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scale: bool) -> FuncOp:
+        """`chain` (with its planned masks unless `full_tile`) on an S tile, after the
+        scale when `scale`."""
         leading: list[tuple[str, Attribute]] = [
             ("s", TensorType(f32, [ROWS, BLOCK_N])), ("rows", TensorType(i32, [ROWS])),
             ("cols", TensorType(i32, [BLOCK_N])), ("batch", i32), ("head", i32)]
@@ -222,14 +224,38 @@ class HopperForward:
         assert q_len is not None and kv_len is not None
         valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(b.lt(cols, kv_len), 0), name="valid")
         at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
-        if not self.defer_scale:
+        if scale:
             s = b.mul(s, self.scale, name="s")
-        s = self.chain.apply(b, s, at, full_tile=full_tile)
-        return self._finish(op, b, s)
+        return self._finish(op, b, chain.apply(b, s, at, full_tile=full_tile))
 
-    def _needs_score(self, full_tile: bool) -> bool:
-        ops = [op for op in self.spec.program.score_ops if not (full_tile and op in self.spec.planned_masks)]
-        return bool(ops) or not self.defer_scale
+    def _score_step(self, call_args: str) -> tuple[list[FuncOp], list[str]]:
+        """The score functions and the lines of the template's softmax step that call them.
+
+        Planned masks that end the chain run only on the tiles that need them
+        (`if masked: s = masks(s)`, after the rest of the chain on every tile); otherwise
+        the chain runs in one of two versions, with or without the planned masks."""
+        ops, planned = self.spec.program.score_ops, self.spec.planned_masks
+        scale = not self.defer_scale
+        head = len(ops)
+        while head > 0 and ops[head - 1] in planned:
+            head -= 1
+        functions: list[FuncOp] = []
+        lines: list[str] = []
+        masked = "    if (start < full_lo) | (start >= full_hi):"
+        if not any(op in planned for op in ops[:head]):
+            if head > 0 or scale:
+                functions.append(self._score_function("score", self.chain, full_tile=True, scale=scale))
+                lines.append(f"    s = {functions[-1].sym_name.data}({call_args})")
+            if head < len(ops):
+                tail = ScoreChain(ops[head:], self.sig, self.spec.host_table, planned)  # type: ignore[arg-type]
+                functions.append(self._score_function("score_masks", tail, full_tile=False, scale=False))
+                lines += [masked, f"        s = {functions[-1].sym_name.data}({call_args})"]
+            return functions, lines
+        functions.append(self._score_function("score_masked", self.chain, full_tile=False, scale=scale))
+        functions.append(self._score_function("score_full", self.chain, full_tile=True, scale=scale))
+        lines += [masked, f"        s = {functions[0].sym_name.data}({call_args})",
+                  "    else:", f"        s = {functions[1].sym_name.data}({call_args})"]
+        return functions, lines
 
     # ------------------------------------------------------------------ kernel
 
@@ -238,19 +264,10 @@ class HopperForward:
         functions = [self._range_function(), self._q_function()]
         arg_names = [n for n, _ in self._decls()]
         args = ", ".join(arg_names)
-        call_args = f"s, rows, cols, batch, head, {args}"
-        masked, full = self._needs_score(False), self._needs_score(True)
-        lines: list[str] = []
-        if masked:
-            functions.append(self._score_function("score_masked", False))
-            if full and not self.spec.planned_masks:
-                lines.append(f"    s = {functions[-1].sym_name.data}({call_args})")
-            else:
-                lines.append("    if (start < full_lo) | (start >= full_hi):")
-                lines.append(f"        s = {functions[-1].sym_name.data}({call_args})")
-                if full:
-                    functions.append(self._score_function("score_full", True))
-                    lines += ["    else:", f"        s = {functions[-1].sym_name.data}({call_args})"]
+        cols = "start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))"
+        call_args = f"s, rows, {cols}, batch, head, {args}"
+        score_functions, lines = self._score_step(call_args)
+        functions += score_functions
         q_fn = functions[1].sym_name.data
         parts = [f"q_{p.role}" for p in self.layout]
         q_lines = [f"    {', '.join(parts)} = {q_fn}(q_rows, batch, head, {args})"]

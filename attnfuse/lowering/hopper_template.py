@@ -51,7 +51,6 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, $args
 @gluon.jit
 def ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args):
     """One online-softmax step of the S tile at key `start` (m in log2 units)."""
-    cols = start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
 $score_step
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * $qk_scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -115,6 +114,10 @@ $q_store
             mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(1, deps=[s_tok])
             start = kv_lo + (n_tiles - 1 - j) * BN
+            if (start < full_lo) | (start >= full_hi):
+                # a masked tile (band edges, a few per CTA): finish P V first, which frees
+                # P's registers for the mask code
+                o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
             p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
             mbarrier.arrive(empty.index(prev))

@@ -79,10 +79,17 @@ def _last_strides(meta: KernelMetadata) -> set[str]:
 
 
 def gluon_resources(compiled: Any) -> dict[str, Any]:
-    """Registers, spills, shared memory and the Hopper instructions of a compiled kernel."""
+    """Registers, spills, shared memory and the Hopper instructions of a compiled kernel.
+    `local_loads` counts the SASS loads from local memory: a spill that is never read
+    back (ptxas sometimes stores a partition's thread id once) costs one store."""
+    from triton.tools.disasm import get_sass
+
     ptx = compiled.asm["ptx"]
     usage = ptxas_usage(compiled)
+    sass = get_sass(compiled.asm["cubin"])
     return {
+        "local_loads": len(re.findall(r"\bLDL\b", sass)),
+        "local_stores": len(re.findall(r"\bSTL\b", sass)),
         "kernel": compiled.metadata.name,
         "num_warps": compiled.metadata.num_warps,
         "regs": usage["regs"],

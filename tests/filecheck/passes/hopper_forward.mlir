@@ -32,12 +32,12 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK:       tile_hopper.func @llama_fwd_ws_q(%rows: tensor<64xi32>, %batch: i32, %head: i32, {{.*}}) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
 // CHECK:         %rot_a = arith.subf
 // CHECK:         %rot_b = arith.addf
-// CHECK:       tile_hopper.func @llama_fwd_ws_score_masked(%s: tensor<64x128xf32>, %rows: tensor<64xi32>, %cols: tensor<128xi32>, {{.*}}) -> (tensor<64x128xf32>) {
+// CHECK:       tile_hopper.func @llama_fwd_ws_score_masks(%s: tensor<64x128xf32>, %rows: tensor<64xi32>, %cols: tensor<128xi32>, {{.*}}) -> (tensor<64x128xf32>) {
 // CHECK:         %s_masked = tile.where
-// CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score_full
+// CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score(
 // CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
 // CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
-// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masked]
+// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks]
 
 // OFF-NOT:     tma_ready
 // OFF-NOT:     tile_hopper
@@ -45,7 +45,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // OFF-NOT:     tile_hopper
 
 // GLUON:       from triton.experimental import gluon
-// GLUON:       def llama_fwd_ws_score_masked(s, rows, cols, batch, head,
+// GLUON:       def llama_fwd_ws_score_masks(s, rows, cols, batch, head,
 // GLUON:       gl.where(
 // GLUON:       def llama_fwd_ws_consumer(
 // GLUON:       warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)

@@ -1,0 +1,173 @@
+"""lower-to-tile{hopper-forward}: which programs get the warp-specialized Gluon forward,
+what the lowered IR holds, that the Gluon kernels compile for sm_90a (no spills,
+shared memory under the limit, wgmma / TMA / setmaxnreg in the PTX), and that CPU calls
+and shape classes the kernel does not serve keep running the Triton kernel.
+
+The Gluon kernels cannot run in Triton's interpreter: tests/gpu/test_hopper_forward_gpu.py
+checks their results on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hopper_programs import ELIGIBLE, INELIGIBLE, pipeline
+from programs import Builder
+
+
+import attnfuse
+from attnfuse.backends.gluon.emitter import emit_function
+from attnfuse.backends.gluon.sm90 import SHARED_MEMORY_LIMIT
+from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.dialects import tile_hopper as th
+from attnfuse.dialects.host import LaunchOp, TmaReadyOp
+from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.pass_manager import PassManager, make_context
+from attnfuse.runtime.host import tma_unready_reason
+from xdsl.dialects.builtin import ModuleOp, TensorType, f32
+
+
+def lower(text: str, pipe: str) -> ModuleOp:
+    ctx = make_context()
+    module, locations = parse_module_with_locations(ctx, text, "<test>")
+    PassManager(pipe).run(module, ctx, locations=locations)
+    return module
+
+
+def ops_of(module: ModuleOp, kind: type) -> list:
+    return [op for op in module.walk() if isinstance(op, kind)]
+
+
+@pytest.mark.parametrize("name", sorted(ELIGIBLE))
+def test_eligible_program_gets_the_hopper_kernel(name: str) -> None:
+    text, pipe = ELIGIBLE[name]
+    module = lower(text, pipe)
+    (kernel,) = ops_of(module, th.KernelOp)
+    functions = {f.sym_name.data for f in ops_of(module, th.FuncOp)}
+    assert {c.root_reference.data for c in kernel.callees.data} == functions
+    assert [t for t in kernel.arg_types if isinstance(t, th.TmaDescType)] == list(kernel.arg_types[:3])
+    (ready,) = ops_of(module, TmaReadyOp)
+    forward = [op for op in ops_of(module, LaunchOp) if op.cond is not None]
+    # the Gluon launch when the shape class is served, the Triton kernel otherwise
+    assert [(op.kernel.root_reference.data, op.unless is not None) for op in forward] == [
+        (kernel.sym_name.data, False), (kernel.sym_name.data.removesuffix("_ws"), True)]
+    assert all(op.cond is ready.result for op in forward)
+
+
+@pytest.mark.parametrize("name", sorted(INELIGIBLE))
+def test_ineligible_program_keeps_the_triton_kernel(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    text, pipe, reason = INELIGIBLE[name]
+    with caplog.at_level(logging.DEBUG, logger="attnfuse.lowering.hopper_forward"):
+        module = lower(text, pipe)
+    assert not ops_of(module, th.KernelOp) and not ops_of(module, TmaReadyOp)
+    assert all(op.cond is None for op in ops_of(module, LaunchOp))
+    assert "Hopper forward schedule not used: " in caplog.text and reason in caplog.text
+
+
+def test_ablation_builds_no_hopper_kernel() -> None:
+    text, _ = ELIGIBLE["llama3"]
+    module = lower(text, pipeline(hopper=False))
+    assert not ops_of(module, th.KernelOp) and not ops_of(module, th.FuncOp)
+    assert all(op.cond is None and op.unless is None for op in ops_of(module, LaunchOp))
+
+
+def test_planned_masks_run_on_masked_tiles_only() -> None:
+    """Softcap then planned masks (causal, window): every tile runs the softcap, the
+    tiles at the band's edges also the masks."""
+    module = lower(*ELIGIBLE["gemma2_like"])
+    names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
+    assert names == ["gemma2_like_fwd_ws_range", "gemma2_like_fwd_ws_q", "gemma2_like_fwd_ws_score",
+                     "gemma2_like_fwd_ws_score_masks"]
+    (kernel,) = ops_of(module, th.KernelOp)
+    assert "    s = gemma2_like_fwd_ws_score(s, rows" in kernel.template.data
+    assert "    if (start < full_lo) | (start >= full_hi):\n        s = gemma2_like_fwd_ws_score_masks(" in kernel.template.data
+
+
+def test_planned_mask_inside_the_chain_gives_two_versions() -> None:
+    """ALiBi after the causal mask: masked and full tiles run different chains."""
+    b = Builder("mask_first", hq=4, hkv=2, d=64, dtype="bf16")
+    b.mask("causal").alibi()
+    module = lower(b.build().text, pipeline("fused"))
+    names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
+    assert names[2:] == ["mask_first_fwd_ws_score_masked", "mask_first_fwd_ws_score_full"]
+    (kernel,) = ops_of(module, th.KernelOp)
+    assert "    else:\n        s = mask_first_fwd_ws_score_full(" in kernel.template.data
+
+
+_COMPILE = """
+import json, sys
+sys.path.insert(0, {here!r})
+from hopper_programs import ELIGIBLE
+from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
+from test_hopper_forward import lower
+out = {{}}
+for name, (text, pipe) in sorted(ELIGIBLE.items()):
+    out.update(compile_module_for_sm90(lower(text, pipe)))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_kernels_compile_for_sm90() -> None:
+    """Every eligible program's kernel, in a fresh process (one that interprets kernels
+    cannot compile them): no spill reloads, shared memory under the sm_90 limit, async wgmma,
+    TMA loads and stores, and setmaxnreg budgets for the partitions."""
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), here])}
+    done = subprocess.run([sys.executable, "-c", _COMPILE.format(here=here)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    resources = json.loads(done.stdout.splitlines()[-1])
+    assert sorted(resources) == sorted(f"{name}_fwd_ws" for name in ELIGIBLE)
+    for name, r in resources.items():
+        # no spilled value is read back (at most one 4-byte store at a partition's start)
+        assert r["local_loads"] == 0 and r["spill_bytes"] <= 4, (name, r)
+        assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
+        assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, (name, r)
+        assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
+        assert r["num_warps"] == 12, (name, r)
+
+
+def test_cpu_calls_run_the_triton_kernel() -> None:
+    """On the CPU the guard is false: hopper-forward on and off give the same bits."""
+    text, _ = ELIGIBLE["bottom_right"]
+    on = attnfuse.compile(text, pipeline=pipeline())
+    off = attnfuse.compile(text, pipeline=pipeline(hopper=False))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 128, 128, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 2, 256, 128, generator=g).to(torch.bfloat16)
+    v = torch.randn(1, 2, 256, 128, generator=g).to(torch.bfloat16)
+    out_on, lse_on = on(q, k, v, return_lse=True)
+    out_off, lse_off = off(q, k, v, return_lse=True)
+    assert torch.equal(out_on, out_off) and torch.equal(lse_on, lse_off)
+
+
+def test_tma_ready_per_shape_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    ok = [torch.empty(2, 4, 256, 64), torch.empty(2, 1, 128, 64)]
+    assert tma_unready_reason(ok, cuda, 9, 128) is None
+    assert tma_unready_reason(ok, torch.device("cpu"), 9, 128) == "device cpu"
+    assert "not a multiple of 128" in tma_unready_reason([torch.empty(1, 4, 200, 64)], cuda, 9, 128)
+    strided = torch.empty(2, 256, 4, 64).transpose(1, 2)
+    assert "not contiguous" in tma_unready_reason([strided], cuda, 9, 128)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert tma_unready_reason(ok, cuda, 9, 128) == "compute capability 8.0"
+
+
+def test_gluon_emitter_rejects_dots() -> None:
+    tile_type = TensorType(f32, [16, 16])
+    function = th.FuncOp("f", [tile_type], [])
+    b = TileBuilder(function)  # type: ignore[arg-type]
+    b.insert(th.ReturnOp(b.dot(function.args[0], function.args[0])))
+    function.properties["function_type"] = type(function.function_type).from_lists([tile_type], [tile_type])
+    with pytest.raises(NotImplementedError, match="tile.dot"):
+        emit_function(function)
+
+
