@@ -77,13 +77,20 @@ class KernelLaunch:
         self.compiled = self.kernel[self.grid](*args, **self.options)
 
     def _descriptors(self, args: list[Any], slots: list[Any]) -> None:
-        from triton.experimental.gluon import language as gl
+        """TMA descriptors of this call's tensors. Shapes are fixed by the plan: the layout
+        and the 2-D view's shape and strides are computed at the first call."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        for n, (position, slot, block, layout) in enumerate(self.descriptors):
-            tensor = slots[slot]
-            if layout is None:
-                dtype = getattr(gl, str(tensor.dtype).removeprefix("torch."))
-                layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-                self.descriptors = (*self.descriptors[:n], (position, slot, block, layout), *self.descriptors[n + 1:])
-            args[position] = TensorDescriptor.from_tensor(tensor.view(-1, tensor.shape[-1]), block, layout)
+        if self.descriptors[0][3] is None:
+            self.descriptors = tuple(self._describe(position, slot, block, slots[slot])
+                                     for position, slot, block, _ in self.descriptors)
+        for position, slot, block, (layout, shape, strides) in self.descriptors:
+            args[position] = TensorDescriptor(slots[slot], shape, strides, block, layout)
+
+    @staticmethod
+    def _describe(position: int, slot: int, block: list[int], tensor: torch.Tensor) -> tuple[Any, ...]:
+        from triton.experimental.gluon import language as gl
+
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(tensor.dtype).removeprefix("torch.")))
+        cols = tensor.shape[-1]
+        return position, slot, block, (layout, [tensor.numel() // cols, cols], [cols, 1])

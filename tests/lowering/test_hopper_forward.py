@@ -171,3 +171,21 @@ def test_gluon_emitter_rejects_dots() -> None:
         emit_function(function)
 
 
+
+
+def test_descriptor_arguments_are_2d_views() -> None:
+    """A TMA argument is built per call over the [B*H*S, D] view of its tensor slot."""
+    from attnfuse.backends.triton.metadata import KernelMetadata
+    from attnfuse.runtime.launch import KernelLaunch
+
+    meta = KernelMetadata("k", ("k_desc", "n"), {"k_desc": "tensordesc<bf16[128, 64]>", "n": "i32"}, 4, 1,
+                          maxnreg=168, tma={"k_desc": (128, 64)})
+    launch = KernelLaunch(None, meta, (1, 1, 1), [None, 7], (), torch.device("cpu"), ((0, 1, (128, 64)),))
+    assert launch.options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
+    for _ in range(2):
+        k = torch.empty(2, 4, 256, 64, dtype=torch.bfloat16)
+        args: list = [None, 7]
+        launch._descriptors(args, [None, k])
+        desc = args[0]
+        assert desc.base is k and desc.shape == [2048, 64] and desc.strides == [64, 1]
+        assert desc.block_shape == [128, 64] and desc.layout.swizzle_byte_width == 128
