@@ -167,11 +167,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return _attend(query, key, value, tuple(extra), astuple(config)).transpose(1, 2), None
 
 
-@torch.compiler.allow_in_graph
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: tuple[Any, ...],
             fields: tuple[Any, ...]) -> torch.Tensor:
-    """`compiled(AttentionConfig(*fields))(query, key, value, *extra)`. Under `torch.compile`
-    Dynamo puts this call in the graph as it is instead of tracing into the compiler
+    """`compiled(AttentionConfig(*fields))(query, key, value, *extra)`. `register` marks it
+    `torch.compiler.allow_in_graph`: under `torch.compile` Dynamo then puts this call in
+    the graph as it is instead of tracing into the compiler
     (which would break the graph at every layer); AOTAutograd then runs it on fake tensors,
     which leaves the program's custom op (and its backward op) in the graph."""
     return compiled(AttentionConfig(*fields))(query, key, value, *extra)
@@ -179,8 +179,10 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: 
 
 def register(name: str = NAME) -> None:
     """Register the backend with transformers as `attn_implementation=name`."""
-    # Imported here, not at module import: transformers' attention interface imports
-    # torch's flex_attention, whose inductor import sets TORCHINDUCTOR_CACHE_DIR.
+    # Here, not at module import: transformers' attention interface imports torch's
+    # flex_attention, and torch.compiler.allow_in_graph imports Dynamo; both imports set
+    # TORCHINDUCTOR_CACHE_DIR.
+    torch.compiler.allow_in_graph(_attend)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
