@@ -167,6 +167,7 @@ class AttentionFunction:
             out_dtype=torch_dtype(out_type.element_type),
             out_heads=heads,
             out_dim=dim,
+            out_order=self._host.result_order(0),
             grad_of=tuple(self._grad_of),
             no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
         )

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import attnfuse.api
+from attnfuse.passes import BSHD_PIPELINE
 from attnfuse.builder import Program, attention
 
 __all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask_function", "compiled", "register"]
@@ -87,7 +88,8 @@ class AttentionConfig:
 @functools.lru_cache(maxsize=64)
 def compiled(config: AttentionConfig) -> attnfuse.api.AttentionFunction:
     """The compiled program of a configuration (compiled once per process)."""
-    return attnfuse.api.compile(config.program())
+    # Stored as [B, S, H, D]: the model's `reshape(B, S, H * D)` of the transposed output is then a view.
+    return attnfuse.api.compile(config.program(), pipeline=BSHD_PIPELINE)
 
 
 def attention_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
