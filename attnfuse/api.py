@@ -172,6 +172,7 @@ class AttentionFunction:
             out_dtype=torch_dtype(out_type.element_type),
             out_heads=heads,
             out_dim=dim,
+            out_order=self._host.result_order(0),
             grad_of=tuple(self._grad_of),
             no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
         )
@@ -187,13 +188,15 @@ class AttentionFunction:
         """Run the program through its custom op (`self.ops.forward`); differentiable
         when any tensor argument requires grad."""
         args = self._checker.scalars(args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        requires_grad, plain = False, True  # one pass: this is the per-call hot path
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                requires_grad = requires_grad or a.requires_grad
+                plain = plain and type(a) is torch.Tensor and not a.is_meta
+        needs_grad = requires_grad and torch.is_grad_enabled()
         if self._backward is None and needs_grad:
             raise RuntimeError(f"@{self.name} has no gradient: {self.op_signature.no_backward}")
-        if not needs_grad and not torch.compiler.is_compiling() and all(
-            type(t) is torch.Tensor and not t.is_meta for t in tensors
-        ):
+        if not needs_grad and plain and not torch.compiler.is_compiling():
             # Eager inference on plain tensors: the launch plan directly, without the
             # dispatcher's cost (about 28 us per call); autograd, fake/meta tensors,
             # tensor subclasses and torch.compile go through the custom op.

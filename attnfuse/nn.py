@@ -17,8 +17,10 @@ generator in training mode unless passed; in eval mode the module runs the progr
 compiled without its `attn.dropout`.
 
 `layout="bshd"` takes and returns `[batch, seq, heads, dim]` tensors: q, k and v reach
-the kernels as transposed views (the kernels take strides: no copy), and the output is
-the transposed view of the kernels' contiguous `[B, H, S, D]` result.
+the kernels as transposed views (the kernels take strides: no copy), and the program is
+compiled with `lower-to-tile{out-layout=bshd}` (`attnfuse.passes.BSHD_PIPELINE`, unless
+`pipeline` is given), so the output, the transposed view of the kernels' result, is
+contiguous.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from xdsl.ir import BlockArgument, SSAValue
 import attnfuse.api
 from attnfuse.builder import Program, ProgramBuilder
 from attnfuse.dialects.attn import BiasOp, DropoutOp, QKNormOp, SoftmaxOp
+from attnfuse.passes import BSHD_PIPELINE
 from attnfuse.program import find_functions
 from attnfuse.reference import parse_program
 from attnfuse.reference.interpreter import alibi_slopes
@@ -98,6 +101,8 @@ class Attention(torch.nn.Module):
         if isinstance(program, ProgramBuilder):
             program = program.build()
         self.layout = layout
+        if pipeline is None and layout == "bshd":
+            pipeline = BSHD_PIPELINE  # the output's transposed view is then contiguous
         self.function = attnfuse.api.compile(program, pipeline=pipeline, target=target, params=params)
         module, function = _function(self.function)
         learnable = _initial_values(function)

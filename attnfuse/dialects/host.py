@@ -72,17 +72,22 @@ class DimOp(IRDLOperation):
 
 @irdl_op_definition
 class AllocOp(IRDLOperation):
-    """A new buffer on the inputs' device; one i32 operand per dynamic dim.
+    """A new buffer on the inputs' device; one i32 operand per dynamic dim. `order`
+    gives the dims from outermost to innermost in memory (default: row-major), e.g.
+    `[B, H, S, D]` stored as `[B, S, H, D]`:
 
     ```mlir
-    %lse = host.alloc %b, %sq {zero} : tensor<?x32x?xf32>
+    %lse = host.alloc %b, %sq zero : tensor<?x32x?xf32>
+    %out = host.alloc %b, %sq {order = array<i64: 0, 2, 1, 3>} : tensor<?x32x?x128xbf16>
     ```
     """
 
     name = "host.alloc"
     sizes = var_operand_def(i32)
     zero = opt_prop_def(UnitAttr)
+    order = opt_prop_def(DenseArrayBase)
     result = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$sizes (`zero` $zero^)? attr-dict `:` type($result)"
 
     def verify_(self) -> None:
@@ -92,6 +97,18 @@ class AllocOp(IRDLOperation):
             raise VerifyException(
                 f"host.alloc: {dynamic} dynamic dims need {dynamic} size operands, got {len(self.sizes)}"
             )
+        if self.order is not None:
+            rank = self.result.type.get_num_dims()
+            order = tuple(self.order.get_values())
+            if sorted(order) != list(range(rank)):
+                raise VerifyException(f"host.alloc: order {list(order)} is not a permutation of the {rank} dims")
+
+    def dim_order(self) -> tuple[int, ...] | None:
+        """The memory order of the dims, None for row-major."""
+        if self.order is None:
+            return None
+        order = tuple(int(d) for d in self.order.get_values())
+        return None if order == tuple(range(len(order))) else order
 
 
 @irdl_op_definition

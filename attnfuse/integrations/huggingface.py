@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import attnfuse.api
+from attnfuse.passes import BSHD_PIPELINE
 from attnfuse.builder import Program, attention
 
 __all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask_function", "compiled", "register"]
@@ -87,7 +88,8 @@ class AttentionConfig:
 @functools.lru_cache(maxsize=64)
 def compiled(config: AttentionConfig) -> attnfuse.api.AttentionFunction:
     """The compiled program of a configuration (compiled once per process)."""
-    return attnfuse.api.compile(config.program())
+    # Stored as [B, S, H, D]: the model's `reshape(B, S, H * D)` of the transposed output is then a view.
+    return attnfuse.api.compile(config.program(), pipeline=BSHD_PIPELINE)
 
 
 def attention_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
@@ -167,11 +169,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return _attend(query, key, value, tuple(extra), astuple(config)).transpose(1, 2), None
 
 
-@torch.compiler.allow_in_graph
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: tuple[Any, ...],
             fields: tuple[Any, ...]) -> torch.Tensor:
-    """`compiled(AttentionConfig(*fields))(query, key, value, *extra)`. Under `torch.compile`
-    Dynamo puts this call in the graph as it is instead of tracing into the compiler
+    """`compiled(AttentionConfig(*fields))(query, key, value, *extra)`. `register` marks it
+    `torch.compiler.allow_in_graph`: under `torch.compile` Dynamo then puts this call in
+    the graph as it is instead of tracing into the compiler
     (which would break the graph at every layer); AOTAutograd then runs it on fake tensors,
     which leaves the program's custom op (and its backward op) in the graph."""
     return compiled(AttentionConfig(*fields))(query, key, value, *extra)
@@ -179,8 +181,10 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: 
 
 def register(name: str = NAME) -> None:
     """Register the backend with transformers as `attn_implementation=name`."""
-    # Imported here, not at module import: transformers' attention interface imports
-    # torch's flex_attention, whose inductor import sets TORCHINDUCTOR_CACHE_DIR.
+    # Here, not at module import: transformers' attention interface imports torch's
+    # flex_attention, and torch.compiler.allow_in_graph imports Dynamo; both imports set
+    # TORCHINDUCTOR_CACHE_DIR.
+    torch.compiler.allow_in_graph(_attend)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -53,11 +53,16 @@ class HostCode:
     def mul(self, a: SSAValue, factor: int, name: str) -> SSAValue:
         return self.emit(arith.MuliOp(a, self.const(factor)), name)
 
-    def alloc(self, ty: TensorType, sizes: Mapping[int, SSAValue], name: str, *, zero: bool = False) -> SSAValue:
+    def alloc(self, ty: TensorType, sizes: Mapping[int, SSAValue], name: str, *, zero: bool = False,
+              order: Sequence[int] | None = None) -> SSAValue:
         """A `ty` buffer; `sizes` maps dims to their run-time sizes, of which those
-        that `ty` leaves dynamic become operands (a static batch or length needs none)."""
+        that `ty` leaves dynamic become operands (a static batch or length needs none);
+        `order`: the dims' memory order, outermost first (default row-major)."""
         dynamic = [sizes[i] for i, d in enumerate(ty.get_shape()) if d < 0]
-        op = AllocOp.build(operands=[dynamic], result_types=[ty], properties={"zero": UnitAttr() if zero else None})
+        props: dict[str, Attribute | None] = {"zero": UnitAttr() if zero else None}
+        if order is not None and list(order) != list(range(len(order))):
+            props["order"] = DenseArrayBase.from_list(i64, list(order))
+        op = AllocOp.build(operands=[dynamic], result_types=[ty], properties=props)
         return self.emit(op, name)
 
     def reduce_sum(self, x: SSAValue, dims: Sequence[int], result: Attribute, name: str, *, keepdim: bool = False) -> SSAValue:

@@ -36,6 +36,7 @@ from types import ModuleType
 from xdsl.passes import ModulePass
 
 __all__ = [
+    "BSHD_PIPELINE",
     "DEFAULT_PIPELINE",
     "ENTRY_POINT_GROUP",
     "PASSES",
@@ -73,6 +74,10 @@ DEFAULT_PIPELINE: str = (
     "lower-backward,lower-to-tile"
 )
 """The pipeline ``attnfuse-opt -t triton`` (and the Python API) runs by default."""
+
+BSHD_PIPELINE: str = DEFAULT_PIPELINE.removesuffix("lower-to-tile") + "lower-to-tile{out-layout=bshd}"
+"""The default pipeline with the output stored as `[B, S, H, D]` (`attnfuse.nn.Attention(layout="bshd")`
+and the Hugging Face backend, whose callers transpose the output and reshape it)."""
 
 
 class PassUnavailableError(ImportError):

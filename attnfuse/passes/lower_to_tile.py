@@ -97,6 +97,10 @@ def _pre_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     return [t for t in transforms if t.str_option("placement") == "prekernel"]
 
 
+OUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
+"""`out-layout` values: the memory order of the output's dims, outermost first."""
+
+
 @dataclass(frozen=True)
 class LowerToTilePass(ModulePass):
     """Build the kernels and the host launch code of every attention function."""
@@ -121,6 +125,10 @@ class LowerToTilePass(ModulePass):
     """Also build the warp-specialized Gluon forward (`lowering/hopper_forward.py`) for
     programs it serves; calls on compute capability 9.x devices whose shape class it
     serves run it, the others the Triton kernel. False is the ablation."""
+    out_layout: str = "bhsd"
+    """Memory layout of the output `[B, H, S, D]`: `bhsd` (contiguous) or `bshd` (stored
+    as `[B, S, H, D]`, so `out.transpose(1, 2)` is contiguous: what Hugging Face models
+    reshape into the output projection without a copy)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -129,6 +137,8 @@ class LowerToTilePass(ModulePass):
                 f"{self.name} found no attn program: the module is already lowered "
                 "(lower-backward must run before lower-to-tile)"
             )
+        if self.out_layout not in OUT_ORDERS:
+            raise ValueError(f"{self.name}: out-layout must be one of {', '.join(OUT_ORDERS)}, got {self.out_layout!r}")
         for function in functions:
             program = analyze(function)
             if program.online is None:
@@ -186,7 +196,7 @@ class LowerToTilePass(ModulePass):
         assert isinstance(online, OnlineSoftmaxOp)
         block_m = online.plan.block_m.data
         hq = program.heads[0]
-        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out")
+        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out", order=OUT_ORDERS[self.out_layout])
         # The lse is always produced: the backward needs it and return_lse exposes it.
         assert isinstance(online.output.type, TensorType)
         out_shape = online.output.type.get_shape()

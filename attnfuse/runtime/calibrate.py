@@ -31,36 +31,32 @@ _ITERS = 256
 _BLOCK = 1024
 
 
-def _kernels() -> tuple[Any, Any]:
-    """The FMA and sin loops (four independent chains per element for ILP)."""
+def _loop_kernel() -> Any:
+    """A loop of FMAs (SIN=False) or `sin.approx` (SIN=True), four independent chains per
+    element for ILP."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def fma_loop(X, ITERS: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        a = tl.load(X + offs)
-        b, c, d = a + 1.0, a + 2.0, a + 3.0
-        for _ in range(ITERS):
-            a = a * 0.999 + 0.001
-            b = b * 0.999 + 0.001
-            c = c * 0.999 + 0.001
-            d = d * 0.999 + 0.001
-        tl.store(X + offs, a + b + c + d)
+    def _step(x, SIN: tl.constexpr):  # type: ignore[no-untyped-def]
+        if SIN:
+            return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return x * 0.999 + 0.001
 
     @triton.jit
-    def sin_loop(X, ITERS: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def loop(X, ITERS: tl.constexpr, BLOCK: tl.constexpr, SIN: tl.constexpr):  # type: ignore[no-untyped-def]
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         a = tl.load(X + offs)
         b, c, d = a + 1.0, a + 2.0, a + 3.0
         for _ in range(ITERS):
-            a = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
-            b = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [b], dtype=tl.float32, is_pure=True, pack=1)
-            c = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [c], dtype=tl.float32, is_pure=True, pack=1)
-            d = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True, pack=1)
+            a = _step(a, SIN)
+            b = _step(b, SIN)
+            c = _step(c, SIN)
+            d = _step(d, SIN)
         tl.store(X + offs, a + b + c + d)
 
-    return fma_loop, sin_loop
+    return loop
 
 
 def _ms(fn: Callable[[], object]) -> float:
@@ -83,11 +79,11 @@ def _copy_bandwidth(nbytes: int) -> float:
     return 2.0 * nbytes / (_ms(lambda: y.copy_(x)) * 1e-3)
 
 
-def _loop_rate(kernel: Any, sms: int, per_element: int) -> float:
+def _loop_rate(kernel: Any, sms: int, per_element: int, *, sin: bool) -> float:
     elements = sms * 64 * _BLOCK  # enough programs to fill every SM many times
     x = torch.rand(elements, device="cuda")
     grid = (elements // _BLOCK,)
-    ms = _ms(lambda: kernel[grid](x, ITERS=_ITERS, BLOCK=_BLOCK, num_warps=4))
+    ms = _ms(lambda: kernel[grid](x, ITERS=_ITERS, BLOCK=_BLOCK, SIN=sin, num_warps=4))
     return per_element * 4 * _ITERS * elements / (ms * 1e-3)
 
 
@@ -97,8 +93,8 @@ def measure(name: str | None = None) -> dict[str, Any]:
         raise RuntimeError("attnfuse-calibrate measures a CUDA GPU and none is visible (torch.cuda.is_available() is False)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     sms = int(props.multi_processor_count)
-    fma_loop, sin_loop = _kernels()
-    vector = _loop_rate(fma_loop, sms, per_element=2)  # an FMA counts 2 FLOPs
+    loop = _loop_kernel()
+    vector = _loop_rate(loop, sms, per_element=2, sin=False)  # an FMA counts 2 FLOPs
     clock_khz = getattr(props, "clock_rate", 0)
     lanes = 64 if (props.major, props.minor) in ((7, 0), (8, 0)) else 128  # FP32 lanes per SM
     clock = clock_khz * 1e3 if clock_khz else vector / (2 * lanes * sms)
@@ -116,7 +112,7 @@ def measure(name: str | None = None) -> dict[str, Any]:
         "clock_hz": clock,
         "tensor_flops": {"bf16": _matmul_flops(torch.bfloat16), "f16": _matmul_flops(torch.float16), "f32": f32},
         "vector_f32_flops": vector,
-        "sfu_ops": _loop_rate(sin_loop, sms, per_element=1),
+        "sfu_ops": _loop_rate(loop, sms, per_element=1, sin=True),
         "hbm_bw": _copy_bandwidth(1 << 30),
         "l2_bytes": l2,
         "l2_bw": _copy_bandwidth(max(1 << 20, l2 // 4)),

@@ -162,6 +162,11 @@ class HostProgram:
                 'for decoding against a KV cache write the mask with align = "bottom_right"',
                 UserWarning, stacklevel=6)
 
+    def result_order(self, index: int) -> tuple[int, ...] | None:
+        """The memory order of result `index` when the host code allocates it with one."""
+        owner = self.ops[-1].operands[index].owner
+        return owner.dim_order() if isinstance(owner, AllocOp) else None
+
     def plan_count(self) -> int:
         return len(self._plans)
 
@@ -302,6 +307,16 @@ class HostProgram:
         shape = tuple(next(sizes) if d < 0 else d for d in ty.get_shape())
         dtype = torch_dtype(ty.element_type)
         make = torch.zeros if op.zero is not None else torch.empty
+        order = op.dim_order()
+        if order is not None:  # allocate in memory order, then view in the type's dim order
+            stored = tuple(shape[d] for d in order)
+            inverse = tuple(order.index(d) for d in range(len(order)))
+
+            def alloc_ordered(s: Slots) -> None:
+                s[out] = make(stored, dtype=dtype, device=device).permute(inverse)
+
+            alloc_ordered.out = out  # type: ignore[attr-defined]
+            return alloc_ordered
 
         def alloc(s: Slots) -> None:
             s[out] = make(shape, dtype=dtype, device=device)

@@ -58,6 +58,8 @@ class OpSignature:
     out_heads: int
     out_dim: int
     """The output is `[B, out_heads, Sq, out_dim]` of `out_dtype`, lse `[B, out_heads, Sq]` f32."""
+    out_order: tuple[int, ...] | None
+    """The output's memory order of dims, outermost first (`host.alloc ... order`); None: contiguous."""
     grad_of: tuple[int, ...]
     """The arguments the backward returns a gradient for, in its result order."""
     no_backward: str | None
@@ -149,7 +151,13 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
         checker.check(args, fake=True)
         q = args[q_index]
         batch, length = q.shape[0], q.shape[2]
-        out = q.new_empty((batch, signature.out_heads, length, signature.out_dim), dtype=signature.out_dtype)
+        shape = (batch, signature.out_heads, length, signature.out_dim)
+        order = signature.out_order
+        if order is None:
+            out = q.new_empty(shape, dtype=signature.out_dtype)
+        else:  # the strides the host code gives it
+            stored = q.new_empty(tuple(shape[d] for d in order), dtype=signature.out_dtype)
+            out = stored.permute(tuple(order.index(d) for d in range(len(order))))
         return out, q.new_empty((batch, signature.out_heads, length), dtype=torch.float32)
 
     forward_op = torch.library.custom_op(qualname, run_forward, mutates_args=(), schema=forward_schema)

@@ -92,8 +92,9 @@ def test_measuring_kernels_compile_for_sm90() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    for kernel, instruction in zip(calibrate._kernels(), ("fma.rn.f32", "sin.approx.f32")):
-        source = ASTSource(kernel, {"X": "*fp32", "ITERS": "constexpr", "BLOCK": "constexpr"},
-                           {(1,): 8, (2,): 1024})
+    kernel = calibrate._loop_kernel()
+    for sin, instruction, other in ((False, "fma.rn.f32", "sin.approx.f32"), (True, "sin.approx.f32", "fma.rn.f32")):
+        source = ASTSource(kernel, {"X": "*fp32", "ITERS": "constexpr", "BLOCK": "constexpr", "SIN": "constexpr"},
+                           {(1,): 8, (2,): 1024, (3,): sin})
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        assert instruction in compiled.asm["ptx"]
+        assert instruction in compiled.asm["ptx"] and other not in compiled.asm["ptx"]

@@ -52,7 +52,7 @@ def test_layouts_agree_with_the_reference(attn: Attention) -> None:
     bhsd = Attention(PROGRAM)
     bhsd.load_state_dict(attn.state_dict())
     out = attn(q, k, v, pos=pos, doc=doc)
-    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()  # a view of the kernels' output
+    assert out.shape == q.shape and out.is_contiguous()  # the kernels' output, stored [B, S, H, D]
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))
     assert torch.equal(out, bhsd(q_, k_, v_, pos=pos, doc=doc).transpose(1, 2))
     ref = run(attn.function.attn_ir, *_arguments(attn, dict(attn.named_parameters()), q_, k_, v_, pos=pos, doc=doc))
