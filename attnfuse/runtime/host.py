@@ -346,16 +346,17 @@ class HostProgram:
             index = self.slots[value]
             arg = slots[index]
             arg_name = next(arg_names)
+            if isinstance(arg, torch.Tensor):
+                where = self._describe(value)
+                if arg.device != device:
+                    raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
             if isinstance(arg, torch.Tensor) and arg_name in meta.tma:
                 descriptors.append((len(template), index, meta.tma[arg_name]))
                 template.append(None)
             elif isinstance(arg, torch.Tensor):
                 for _ in arg.shape:
                     next(arg_names)
-                where = self._describe(value)
                 check_int32_layout(arg, where)
-                if arg.device != device:
-                    raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
                 if index not in static:
                     fill.append((len(template), index))
                 template.append(arg if index in static else None)
