@@ -189,3 +189,59 @@ def test_descriptor_arguments_are_2d_views() -> None:
         desc = args[0]
         assert desc.base is k and desc.shape == [2048, 64] and desc.strides == [64, 1]
         assert desc.block_shape == [128, 64] and desc.layout.swizzle_byte_width == 128
+
+
+class _ScalarGluon:
+    """Just enough of `gl` to run an emitted scalar device function as Python."""
+
+    int32 = "int32"
+    maximum, minimum = staticmethod(max), staticmethod(min)
+
+    @staticmethod
+    def where(c: bool, a: int, b: int) -> int:
+        return a if c else b
+
+    @staticmethod
+    def full(shape: tuple, value: int, dtype: str, layout: object = None) -> int:
+        return value
+
+    @staticmethod
+    def AutoLayout() -> None:  # noqa: N802 - Gluon's name
+        return None
+
+
+def _keep(name: str, q: torch.Tensor, kv: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
+    """The band masks of the catalogue's programs, from their definitions."""
+    diag = kv_len - q_len
+    if name == "window":
+        return (kv >= q - 200) & (kv <= q + 100)
+    if name == "gemma2_like":
+        return (kv <= q) & (kv >= q - 300)
+    if name == "bottom_right":
+        return kv <= q + diag
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", ["window", "gemma2_like", "bottom_right"])
+def test_kv_walk_covers_the_band(name: str) -> None:
+    """The range device function, run as Python: every kept key of a CTA's 128 rows lies
+    in its walk, and every tile it calls full is kept entirely."""
+    module = lower(*ELIGIBLE[name])
+    (function,) = [f for f in ops_of(module, th.FuncOp) if f.sym_name.data.endswith("_range")]
+    scope: dict = {"gl": _ScalarGluon}
+    exec(emit_function(function).replace("@gluon.jit\n", ""), scope)  # noqa: S102 - our own emitted source
+    walk = scope[function.sym_name.data]
+    n_args = len(function.args) - 5  # q_start, batch, head, ..., Sq, Skv
+    for q_len, kv_len in ((128, 128), (512, 512), (256, 1024), (1024, 256), (640, 384)):
+        q = torch.arange(q_len)[:, None]
+        kv = torch.arange(kv_len)[None, :]
+        keep = _keep(name, q, kv, q_len, kv_len)
+        for m in range(q_len // 128):
+            lo, n, full_lo, full_hi = walk(m * 128, 0, 0, *[None] * n_args, q_len, kv_len)
+            rows = keep[m * 128:(m + 1) * 128]
+            kept = rows.any(dim=0).nonzero().flatten()
+            if len(kept):
+                assert lo <= int(kept.min()) and int(kept.max()) < lo + n * 128, (q_len, kv_len, m)
+            assert lo % 128 == 0 and (n == 0 or lo + n * 128 <= kv_len) and full_lo <= full_hi
+            for start in range(full_lo, full_hi, 128):
+                assert lo <= start < lo + n * 128 and bool(rows[:, start:start + 128].all()), (q_len, kv_len, m, start)
