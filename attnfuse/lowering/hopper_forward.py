@@ -295,8 +295,6 @@ class HopperForward:
         return [*functions, kernel]
 
 
-
-
 def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
     """Build the Hopper kernel of `spec` and its guarded launch (`host.tma_ready` over
     Q, K, V, Out); returns (the guard, the ops), or None (with a debug log saying why)
