@@ -37,6 +37,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import Option, ScoresType, qkv_shape, vector_shape
 
@@ -206,6 +207,7 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     lse = opt_result_def(TensorType)
     dropout_p = opt_prop_def(FloatAttr)
     tile_plan = opt_prop_def(TilePlanAttr)
+    split_kv = opt_prop_def(SplitKVAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(Pure())
 
@@ -215,6 +217,7 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     OPTIONS: ClassVar[tuple[Option, ...]] = (
         Option("dropout_p", float, 0.0, doc="dropout probability, with dropout_seed"),
         Option("tile_plan", TilePlanAttr, None, doc="set by mask-tiling"),
+        Option("split_kv", SplitKVAttr, None, doc="set by split-kv"),
     )
 
     @property

@@ -6,6 +6,8 @@ Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
 * a pre-kernel per side whose transforms were placed in a `prekernel`,
 * a block-map kernel when the tile plan asks for a runtime block map,
 * the fused forward kernel (see `attnfuse.lowering.forward`),
+* with a `#attn.split_kv` plan (`split-kv`), the split and combine kernels of decoding
+  calls (see `attnfuse.lowering.split_kv`), and host code choosing per call,
 
 and rewrites the function body into host code (`host.dim`, `host.alloc`,
 `host.launch`) that the runtime executes. Constant tables (RoPE inverse frequencies,
@@ -52,6 +54,7 @@ from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.lowering.split_kv import lower_split_kv
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -217,9 +220,14 @@ class LowerToTilePass(ModulePass):
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
+        grid_m = host.cdiv(q_len, block_m, "grid_m")
+        if online.split_kv is not None:
+            split = lower_split_kv(host, spec, online.split_kv, fname, one)
+            kernels.extend(split.kernels)
+            grid_m = split.unless_decoding(host, grid_m, "grid_m")
         if tables is not None:
             kernels.extend(tables.kernels)
-        grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
+        grid = [grid_m, host.mul(batch, hq, "grid_bh"), one]
         host.launch(f"{fname}_fwd", grid, forward.sig.host_operands())
 
         ret = function.body.block.last_op

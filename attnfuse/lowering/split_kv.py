@@ -1,0 +1,316 @@
+"""Split-KV decoding: the split kernel, the combine kernel and the host code that picks them.
+
+For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
+
+* `@f_split_kv`, grid `[splits, B * Hkv, 1]`: one program per (split, batch, KV head)
+  packs the query rows of the G heads of its KV head into one tile (row `r` is query
+  `r / G` of head `kv_head * G + r % G`), walks its share of the KV blocks the tile plan
+  visits (the same band loops, masked / full / masked, cut at the split's bounds) and
+  writes a partial output (fp32, normalised) and its base-2 log-sum-exp to a workspace.
+  Split 0 starts its state from the sink logits, so the sinks count once. With one split
+  the program writes `out` and `lse` itself.
+* `@f_split_kv_combine`, grid `[Sq, B * Hq, 1]`: merges the partial results of one query
+  row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
+* Host code: the split count (`auto`: about `waves` programs per SM, at least
+  `min_blocks` KV blocks per split; computed from `host.sm_count` once per launch plan)
+  and the choice of path: calls whose `Sq * G` rows fit one tile run the split kernel
+  (and the combine when there is more than one split); other calls run the usual forward
+  kernel. A zero grid launches nothing.
+
+Every score op sees each packed row with its own head and query index, so ALiBi, bias
+tensors, score_mod regions, masks (bands bottom-right or top-left, windows, documents,
+custom predicates) and in-kernel Q/K transforms keep their meaning.
+
+```mlir
+%decoding = arith.cmpi sle, %packed_rows, %c64 : i32
+...
+host.launch @f_split_kv[%split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part) : ...
+host.launch @f_split_kv_combine[%combine_grid, %combine_bh, %one] (%o_part, %lse_part, %out, %lse, %q_len, %split_grid) : ...
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.analysis.tile_plan import k_transformed_in_kernel
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
+from attnfuse.dialects.host import SmCountOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel, ForwardSpec
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.qk_side import padded
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+SHARED_MEMORY_PER_SM = 227 * 1024
+"""Shared memory of a Hopper SM a program may use (the split kernel aims at two programs
+per SM, so it budgets half)."""
+
+COMBINE_SPLITS = 16
+"""Partial results the combine kernel merges per step."""
+
+def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
+    """Pipeline depth (<= 3) whose tiles fit half an SM: the packed Q tile plus a K and a
+    V tile per stage (and two K-sized buffers when K is transformed in the kernel), as
+    `pipeline_stages` counts for the forward kernel."""
+    q_type, v_type = spec.q.type, spec.v.type
+    assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
+    elem = 4 if q_type.element_type == f32 else 2
+    d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
+    fixed = elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
+    for stages in (3, 2):
+        if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_PER_SM // 2:
+            return stages
+    return 1
+
+
+class SplitKernel(ForwardKernel):
+    """The split kernel (see the module docstring); reuses the forward kernel's KV walk."""
+
+    def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr, o_part: SSAValue,
+                 lse_part: SSAValue) -> None:
+        super().__init__(spec, name)
+        self.group = plan.group.data
+        self.o_part = self.sig.tensor("Opart", o_part)
+        self.lse_part = self.sig.tensor("LSEpart", lse_part)
+
+    def build(self) -> KernelOp:
+        spec = self.spec
+        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        self.b = b
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        split = b.program_id(0, name="split")
+        pid_bh = b.program_id(1, name="pid_bh")
+        batch = b.div(pid_bh, self.hk, name="batch")
+        kv_head = b.rem(pid_bh, self.hk, name="kv_head")
+        packed = b.arange(0, self.block_m, name="packed")
+        rows = b.div(packed, self.group, name="rows")
+        head = b.add(b.mul(kv_head, self.group), b.rem(packed, self.group), name="head")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        self.coords = (batch, b.expand_dims(head, 1), rows, q_len, kv_len)
+
+        self._packed_q(batch, head, rows, row_ok)
+        self.k_base = self.k_arg.base(b, batch, kv_head)
+        self.v_base = self.v_arg.base(b, batch, kv_head)
+        self.seed_bh = None
+        state, sink2 = self._start(split, head)
+        ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
+        lo, hi = ranges[0][0], ranges[-1][1]
+        blocks = b.cdiv(b.maximum(b.sub(hi, lo), 0), self.block_n)
+        span = b.mul(b.cdiv(blocks, b.num_programs(0)), self.block_n, name="split_keys")
+        split_lo = b.add(lo, b.mul(split, span), name="split_lo")
+        split_hi = b.minimum(b.add(split_lo, span), hi, name="split_hi")
+        for start, end, full in ranges:
+            state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
+        m_i, l_i, acc = state
+
+        l_safe = b.where(b.eq(l_i, 0.0), 1.0, l_i)
+        out = b.div(acc, b.expand_dims(l_safe, 1), name="out")
+        lse2 = b.where(b.eq(l_i, 0.0), float("-inf"), b.add(m_i, b.log2(l_safe)), name="lse2")
+        if sink2 is not None:
+            lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
+        dv_pad = padded(self.v_dim)
+        d = b.arange(0, dv_pad)
+        mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+        alone = b.if_(b.eq(b.num_programs(0), 1))
+        with alone.then_():
+            o_base, o_rows = self._packed_rows(self.o_arg, batch, head, rows)
+            offs = b.add(b.expand_dims(o_rows, 1), b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
+            b.store(o_base, offs, b.cast(out, self._dtype(spec.out)), mask=mask)
+            assert self.lse_arg is not None
+            lse_base, lse_rows = self._packed_rows(self.lse_arg, batch, head, rows)
+            b.store(lse_base, lse_rows, b.mul(lse2, LN2), mask=row_ok)
+        with alone.else_():
+            slot = b.add(b.mul(b.add(b.mul(batch, self.hq), head), q_len), rows, name="slot")
+            offs = b.add(b.expand_dims(b.mul(slot, self.o_part.strides[1]), 1),
+                         b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
+            b.store(self.o_part.base(b, split), offs, out, mask=mask)
+            b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
+        return b.finish()
+
+    def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
+                     rows: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """(batch base, [R] i64 offsets) of the packed rows in a [B, Hq, Sq, ...] tensor."""
+        b = self.b
+        offs = b.add(b.mul(b.to_i64(head), b.to_i64(arg.strides[1])), b.mul(b.to_i64(rows), b.to_i64(arg.strides[2])))
+        return arg.base(b, batch), offs
+
+    def _packed_q(self, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue) -> None:
+        """Load the packed Q rows as the parts of the layout (transformed in fp32)."""
+        b, spec = self.b, self.spec
+        base, offs = self._packed_rows(self.q_arg, batch, head, rows)
+        parts: dict[str, SSAValue] = {}
+        for part in self.layout:
+            cols, in_range = part.columns(b)
+            at = b.add(b.expand_dims(offs, 1), b.expand_dims(b.mul(cols, self.q_arg.strides[3]), 0))
+            mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(in_range, 0))
+            parts[part.role] = b.load(base, at, mask=mask, other=0.0, name=f"Q_{part.role}")
+        if spec.q_transforms:
+            dtype = self._dtype(spec.q)
+            q32 = {r: b.cast(t, f32) for r, t in parts.items()}
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+        self.q_parts = parts
+
+    def _start(self, split: SSAValue, head: SSAValue) -> tuple[list[SSAValue], SSAValue | None]:
+        """The initial (m, l, acc) and the base-2 sink of each row (None without sinks):
+        split 0 starts from the sinks (`m = sink, l = 1`), the others from nothing."""
+        b, rows = self.b, self.block_m
+        acc = b.zeros((rows, padded(self.v_dim)), f32, name="acc")
+        if self.sinks_arg is None:
+            return [b.full((rows,), float("-inf"), f32, name="m_i"), b.zeros((rows,), f32, name="l_i"), acc], None
+        assert self.sinks_arg.ptr is not None
+        sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32, name="sink")
+        first = b.eq(split, 0)
+        # A finite start for a +inf sink keeps the online rescaling free of inf - inf.
+        m_i = b.where(first, b.mul(b.minimum(sink, SINK_START_MAX), LOG2E), float("-inf"), name="m_i")
+        l_i = b.broadcast_to(b.where(first, 1.0, 0.0), (rows,), name="l_i")
+        sink2 = b.where(first, b.mul(sink, LOG2E), float("-inf"), name="sink2")
+        return [m_i, l_i, acc], sink2
+
+
+def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue, lse: SSAValue,
+                  q_len: SSAValue, splits: SSAValue, heads: int, v_dim: int) -> tuple[KernelOp, list[SSAValue]]:
+    """The combine kernel (grid `[Sq, B * heads, 1]`) and its launch operands."""
+    sig = KernelSignature()
+    parts, part_lse = sig.tensor("Opart", o_part), sig.tensor("LSEpart", lse_part)
+    o_arg, lse_arg = sig.tensor("Out", out), sig.tensor("LSE", lse)
+    q_len_arg, splits_arg = sig.scalar("Sq", q_len), sig.scalar("splits", splits)
+    b = sig.start(name, num_warps=4, num_stages=2, launch={"role": StringAttr("split_kv_combine")})
+    n_q, n_splits = q_len_arg.value, splits_arg.value
+    assert n_q is not None and n_splits is not None
+    q = b.program_id(0, name="q")
+    pid_bh = b.program_id(1, name="pid_bh")
+    slot = b.add(b.mul(pid_bh, n_q), q, name="slot")
+    dv_pad = padded(v_dim)
+    d = b.arange(0, dv_pad, name="d")
+    d_ok = b.lt(d, v_dim)
+    clamp = SINK_START_MAX * LOG2E
+    state = [b.constant(float("-inf"), f32, name="m"), b.constant(0.0, f32, name="l"),
+             b.constant(float("-inf"), f32, name="top"), b.zeros((dv_pad,), f32, name="acc")]
+    with b.for_(0, n_splits, COMBINE_SPLITS, inits=state, iv_name="s0") as loop:
+        m, l, top, acc = loop.carried
+        s = b.add(loop.iv, b.arange(0, COMBINE_SPLITS), name="s")
+        s_ok = b.lt(s, n_splits)
+        lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"),
+                       name="lse_s")
+        offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
+        o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0,
+                     name="o_s")
+        x = b.minimum(lse_s, clamp)  # a +inf sink's split merges as a huge finite weight
+        m_new = b.maximum(m, b.reduce_max(x, 0), name="m_new")
+        m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new)
+        alpha = b.exp2(b.sub(m, m_safe), name="alpha")
+        w = b.exp2(b.sub(x, m_safe), name="w")
+        l_new = b.add(b.mul(l, alpha), b.reduce_sum(w, 0), name="l_new")
+        acc_new = b.add(b.mul(acc, alpha), b.reduce_sum(b.mul(b.expand_dims(w, 1), o_s), 0), name="acc_new")
+        loop.yield_(m_new, l_new, b.maximum(top, b.reduce_max(lse_s, 0)), acc_new)
+    m, l, top, acc = loop.results
+    l_safe = b.where(b.eq(l, 0.0), 1.0, l)
+    m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
+    lse2 = b.where(b.eq(l, 0.0), float("-inf"), b.add(m_safe, b.log2(l_safe)))
+    lse2 = b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
+    batch, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
+    out_type = out.type
+    assert isinstance(out_type, TensorType)
+    o_offs = b.add(b.mul(q, o_arg.strides[2]), b.mul(d, o_arg.strides[3]))
+    b.store(o_arg.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type.element_type), mask=d_ok)
+    b.store(lse_arg.base(b, batch, head), b.mul(q, lse_arg.strides[2]), b.mul(lse2, LN2))
+    return b.finish(), sig.host_operands()
+
+
+def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:
+    """i64 offsets of row `slot` of each split in a [splits, slots, ...] workspace."""
+    return b.add(b.mul(b.to_i64(splits), b.to_i64(arg.strides[0])), b.to_i64(b.mul(slot, arg.strides[1])))
+
+
+@dataclass
+class SplitKVPath:
+    """The kernels of the split-KV path and the host value saying a call takes it."""
+
+    kernels: list[Operation]
+    decoding: SSAValue
+    """i1: this call's packed rows fit one tile, so the split kernel serves it."""
+
+    def unless_decoding(self, host: HostCode, grid: SSAValue, name: str) -> SSAValue:
+        """`grid` for calls that do not decode, 0 (nothing launched) for those that do."""
+        return host.emit(arith.SelectOp(self.decoding, host.const(0), grid), name)
+
+
+def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: str, one: SSAValue) -> SplitKVPath:
+    """Emit the host code of the split-KV path and build its two kernels."""
+    hq, hk, _ = spec.program.heads
+    rows, block_n = plan.rows.data, plan.block_n.data
+    packed_rows = host.mul(spec.q_len, plan.group.data, "packed_rows")
+    decoding = host.emit(arith.CmpiOp(packed_rows, host.const(rows), "sle"), "decoding")
+    splits = _split_count(host, spec, plan)
+    split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
+    assert isinstance(spec.v.type, TensorType)
+    v_dim = spec.v.type.get_shape()[3]
+    slots = host.emit(arith.MuliOp(host.mul(spec.batch, hq, "slot_bh"), spec.q_len), "slots")
+    slots = host.mul(host.cdiv(slots, 16, "slot_tiles"), 16, "slots_padded")  # 16-divisible strides
+    o_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX, padded(v_dim)]),
+                        {0: split_grid, 1: slots}, "o_part")
+    lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
+    split_spec = dataclasses.replace(
+        spec, block_m=rows, block_n=block_n, block_map=None,
+        planned_masks=spec.planned_masks if spec.program.online.plan.is_exact() else set(),  # type: ignore[union-attr]
+        num_warps=4 if rows <= 64 else 8, num_stages=split_stages(spec, rows, block_n),
+        launch={"role": StringAttr("split_kv")})
+    name = f"{fname}_split_kv"
+    kernel = SplitKernel(split_spec, name, plan, o_part, lse_part)
+    kernels: list[Operation] = [kernel.build()]
+    host.launch(name, [split_grid, host.mul(spec.batch, hk, "split_bh"), one], kernel.sig.host_operands())
+    several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
+    combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
+    assert spec.lse is not None
+    combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
+                                      split_grid, hq, v_dim)
+    kernels.append(combine)
+    host.launch(f"{name}_combine", [combine_grid, host.mul(spec.batch, hq, "combine_bh"), one], operands)
+    return SplitKVPath(kernels, decoding)
+
+
+def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:
+    """Host code of the split count: the plan's fixed count, or `auto`: about `waves`
+    programs per SM over the `B * Hkv` programs of one split, each split at least
+    `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited, and
+    rounded so that no split is empty."""
+    online = spec.program.online
+    assert online is not None
+    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec, online.plan.get_band()),
+                                                plan.block_n.data, "kv_blocks_visited"),
+                                     host.const(1)), "kv_blocks")
+    if plan.is_auto():
+        programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
+                                           host.const(1)), "programs")
+        per_sm = host.mul(host.emit(SmCountOp(), "sms"), plan.waves.data, "target_programs")
+        by_sms = host.emit(arith.CeilDivSIOp(per_sm, programs), "splits_by_sms")
+        by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
+        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MinSIOp(by_sms, by_work)), host.const(1)), "splits_wanted")
+    else:
+        wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
+    per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
+    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits")
+
+
+def _visited_keys(host: HostCode, spec: ForwardSpec, band: tuple[int | None, int | None]) -> SSAValue:
+    """Keys the packed tile's band can reach: `min(Skv, Sq + upper - lower)` for a band
+    bounded on both sides (a sliding window), else `Skv`."""
+    lower, upper = band
+    online = spec.program.online
+    assert online is not None
+    if lower is None or upper is None or online.plan.get_prefix() is not None:
+        return spec.kv_len
+    reach = host.emit(arith.AddiOp(spec.q_len, host.const(upper - lower)), "band_keys")
+    return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
+
+
+__all__ = ["SplitKVPath", "build_combine", "lower_split_kv", "split_stages"]
