@@ -119,7 +119,7 @@ class SplitKernel(ForwardKernel):
         dv_pad = padded(self.v_dim)
         d = b.arange(0, dv_pad)
         mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
-        alone = b.if_(b.eq(b.num_programs(0), 1))
+        alone = b.if_(b.eq(b.num_programs(0), 1, name="one_split"))
         with alone.then_():
             o_base, o_rows = self._packed_rows(self.o_arg, batch, head, rows)
             offs = b.add(b.expand_dims(o_rows, 1), b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
