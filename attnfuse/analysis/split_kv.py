@@ -22,10 +22,6 @@ DECODE_Q_ROWS = 16
 """Queries per call the default packing is sized for (a decode step, or a few
 speculative tokens): `rows = group * 16`, rounded up to a power of two."""
 
-MAX_ROWS = 128
-"""Most packed rows per tile (64 for head dims above 128: the fp32 accumulator of a
-wider tile would not fit the registers of 4 warps)."""
-
 
 def _head_dims(program: AttentionProgram) -> tuple[int, int]:
     q_type = program.scores.q.type
@@ -33,25 +29,24 @@ def _head_dims(program: AttentionProgram) -> tuple[int, int]:
     return q_type.get_shape()[3], program.v_type.get_shape()[3]
 
 
-def max_rows(program: AttentionProgram) -> int:
-    """The most packed rows a tile of this program may have."""
-    return MAX_ROWS if padded(max(_head_dims(program))) <= 128 else MAX_ROWS // 2
+def decode_tiles(program: AttentionProgram) -> tuple[int, int]:
+    """(most packed rows, keys per KV block) of a split kernel tile without register
+    spills on sm_90 (tests/lowering/test_split_kv_sm90.py): 128 x 64 for 16-bit inputs
+    with head dims up to 128, 64 x 32 for wider heads, 32 x 16 for f32 inputs (their
+    dots run on FMA units from registers). The K and V tiles of three pipeline stages
+    then fit half an SM's shared memory, so two programs share each SM."""
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    if q_type.element_type == f32:
+        return 32, 16
+    return (128, 64) if padded(max(_head_dims(program))) <= 128 else (64, 32)
 
 
 def default_rows(program: AttentionProgram) -> int:
-    """Packed rows per tile: `group * DECODE_Q_ROWS`, a power of two, at most `max_rows`."""
+    """Packed rows per tile: `group * DECODE_Q_ROWS` as a power of two, at most the
+    rows of `decode_tiles`."""
     hq, hk, _ = program.heads
-    return min(padded((hq // hk) * DECODE_Q_ROWS), max_rows(program))
-
-
-def default_block_n(program: AttentionProgram) -> int:
-    """Keys per KV block: 64 for 16-bit inputs with head dims up to 128, else 32 (the
-    K and V tiles of three pipeline stages then fit half an SM's shared memory, so two
-    programs share each SM)."""
-    q_type = program.scores.q.type
-    assert isinstance(q_type, TensorType)
-    narrow = padded(max(_head_dims(program))) <= 128 and q_type.element_type != f32
-    return 64 if narrow else 32
+    return min(padded((hq // hk) * DECODE_Q_ROWS), decode_tiles(program)[0])
 
 
 def split_kv_blocker(program: AttentionProgram, rows: int) -> str | None:

@@ -70,6 +70,15 @@ def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
     return 1
 
 
+def split_warps(spec: ForwardSpec, rows: int) -> int:
+    """4 warps for 16-bit tiles of up to 64 x 128 (packed rows x padded head dim), else 8
+    (f32 dots run on FMA units and hold their tiles in registers)."""
+    q_type, v_type = spec.q.type, spec.v.type
+    assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
+    width = padded(max(q_type.get_shape()[3], v_type.get_shape()[3]))
+    return 4 if rows * width <= 64 * 128 and q_type.element_type != f32 else 8
+
+
 class SplitKernel(ForwardKernel):
     """The split kernel (see the module docstring); reuses the forward kernel's KV walk."""
 
@@ -262,7 +271,7 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     split_spec = dataclasses.replace(
         spec, block_m=rows, block_n=block_n, block_map=None,
         planned_masks=spec.planned_masks if spec.program.online.plan.is_exact() else set(),  # type: ignore[union-attr]
-        num_warps=4 if rows <= 64 else 8, num_stages=split_stages(spec, rows, block_n),
+        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
         launch={"role": StringAttr("split_kv")})
     name = f"{fname}_split_kv"
     kernel = SplitKernel(split_spec, name, plan, o_part, lse_part)
@@ -313,4 +322,4 @@ def _visited_keys(host: HostCode, spec: ForwardSpec, band: tuple[int | None, int
     return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
 
 
-__all__ = ["SplitKVPath", "build_combine", "lower_split_kv", "split_stages"]
+__all__ = ["SplitKVPath", "build_combine", "lower_split_kv", "split_stages", "split_warps"]

@@ -27,7 +27,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis.split_kv import default_block_n, default_rows, split_kv_blocker
+from attnfuse.analysis.split_kv import decode_tiles, default_rows, split_kv_blocker
 from attnfuse.dialects.attn_split_kv import AUTO, SplitKVAttr
 from attnfuse.program import ProgramError, analyze, find_functions
 
@@ -51,9 +51,9 @@ class SplitKVPass(ModulePass):
     heads, the keys visited and the device's SM count; or a fixed count (>= 1)."""
     rows: int = 0
     """Packed query rows per tile (a power of two >= 16); 0 picks `16 * group`, at most
-    128 (64 for head dims above 128)."""
+    128 (16-bit inputs, head dims <= 128), 64 (wider heads) or 32 (f32)."""
     block_n: int = 0
-    """Keys per KV block; 0 picks 64 (16-bit, head dims <= 128) or 32."""
+    """Keys per KV block; 0 picks 64 (16-bit inputs, head dims <= 128), 32 or 16 (f32)."""
     waves: int = 2
     """`auto` aims at this many programs per SM."""
     min_blocks: int = 2
@@ -79,7 +79,7 @@ class SplitKVPass(ModulePass):
                 continue
             hq, hk, _ = program.heads
             online.properties["split_kv"] = SplitKVAttr(
-                rows, self.block_n or default_block_n(program), group=hq // hk, splits=splits,
+                rows, self.block_n or decode_tiles(program)[1], group=hq // hk, splits=splits,
                 waves=self.waves, min_blocks=self.min_blocks)
 
     def _splits(self) -> int:

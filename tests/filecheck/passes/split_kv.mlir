@@ -96,7 +96,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 // LOWER:         %band_keys = arith.addi %q_len, %{{.*}} : i32
 // LOWER-NEXT:    %visited_keys = arith.minsi %kv_len, %band_keys : i32
 // LOWER:         %kv_blocks_visited = arith.ceildivsi %visited_keys, %{{.*}} : i32
-// LOWER:       tile.kernel @gpt_oss_split_kv({{.*}}%sinks: !tile.ptr<bf16>{{.*}}) attributes {num_warps = 8 : i64
+// LOWER:       tile.kernel @gpt_oss_split_kv({{.*}}%sinks: !tile.ptr<bf16>{{.*}}) attributes {num_warps = 4 : i64
 // LOWER:         %sink = arith.extf
 // LOWER-SAME:      tensor<128xbf16> to tensor<128xf32>
 func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: tensor<?x8x?x64xbf16>, %sinks: tensor<64xbf16>) -> tensor<?x64x?x64xbf16> {
@@ -109,9 +109,9 @@ func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: te
 
 // -----
 
-// Head dim 256 in f32: at most 64 packed rows and 32 keys per block.
+// f32 (dots on FMA units, tiles in registers): at most 32 packed rows, 16 keys per block.
 // CHECK-LABEL: func.func @wide(
-// CHECK:         split_kv = #attn.split_kv<64x32, group 4, splits auto, waves 2, min_blocks 2>
+// CHECK:         split_kv = #attn.split_kv<32x16, group 4, splits auto, waves 2, min_blocks 2>
 func.func @wide(%q: tensor<?x8x?x256xf32>, %k: tensor<?x2x?x256xf32>, %v: tensor<?x2x?x256xf32>) -> tensor<?x8x?x256xf32> {
   %s = attn.scores %q, %k : tensor<?x8x?x256xf32>, tensor<?x2x?x256xf32> -> !attn.scores<?x8x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
