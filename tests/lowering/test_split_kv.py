@@ -318,3 +318,11 @@ def test_fixed_split_count() -> None:
         args = p.inputs(2, 4, kv_len, 0)
         check_decode(p, 2, 4, kv_len, args=args, options="splits=3")
         assert launches(compile_split(p.text, options="splits=3"), args)["f_split_kv"][0] == splits
+
+
+def test_more_splits_than_one_combine_step() -> None:
+    """38 splits: the combine kernel merges them 16 at a time, rescaling what it has."""
+    p = causal().mask("causal", **BR).build(sinks=True, lse=True)
+    args = p.inputs(1, 4, 600, 2)
+    check_decode(p, 1, 4, 600, args=args, options="splits=40")
+    assert launches(compile_split(p.text, options="splits=40"), args)["f_split_kv"][0] == 38
