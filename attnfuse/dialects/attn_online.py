@@ -1,8 +1,8 @@
 """`attn.online_softmax`: the streaming form of softmax + weighted_sum, and its tile plan.
 
 Not written by users: the `online-softmax` pass produces it from `attn.softmax`
-(+ `attn.dropout`) + `attn.weighted_sum`, and `mask-tiling` records a `#attn.tile_plan`
-on it. It computes exactly what the ops it replaces compute, but states the algorithm the
+(+ `attn.dropout`) + `attn.weighted_sum`, `mask-tiling` records a `#attn.tile_plan`
+on it, and `split-kv` may record a `#attn.split_kv` (`attn_split_kv.py`). It computes exactly what the ops it replaces compute, but states the algorithm the
 kernel uses: KV is visited in blocks of `block_n` keys with a running row max `m`, a
 running sum `l` and an fp32 accumulator; sink logits, when present, start the state at
 `m = sink, l = 1`.

@@ -42,30 +42,27 @@ from attnfuse.analysis.tile_plan import k_transformed_in_kernel
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.host import SmCountOp
 from attnfuse.dialects.tile import KernelOp
-from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.dialects.tile_builder import Value
 from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel, ForwardSpec
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
-from attnfuse.lowering.signature import KernelSignature, TensorArg
+from attnfuse.lowering.signature import TensorArg
+from attnfuse.lowering.split_combine import build_combine
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET
 
-SHARED_MEMORY_PER_SM = 227 * 1024
-"""Shared memory of a Hopper SM a program may use (the split kernel aims at two programs
-per SM, so it budgets half)."""
-
-COMBINE_SPLITS = 16
-"""Partial results the combine kernel merges per step."""
 
 def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
-    """Pipeline depth (<= 3) whose tiles fit half an SM: the packed Q tile plus a K and a
-    V tile per stage (and two K-sized buffers when K is transformed in the kernel), as
-    `pipeline_stages` counts for the forward kernel."""
+    """Pipeline depth (<= 3) whose tiles fit half of `SHARED_MEMORY_BUDGET`, so that two
+    programs share an SM: the packed Q tile plus a K and a V tile per stage (and two
+    K-sized buffers when K is transformed in the kernel), as `pipeline_stages` counts for
+    the forward kernel."""
     q_type, v_type = spec.q.type, spec.v.type
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
     elem = 4 if q_type.element_type == f32 else 2
     d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
     fixed = elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
     for stages in (3, 2):
-        if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_PER_SM // 2:
+        if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_BUDGET // 2:
             return stages
     return 1
 
@@ -111,38 +108,47 @@ class SplitKernel(ForwardKernel):
         self.seed_bh = None
         state, sink2 = self._start(split, head)
         ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
-        lo, hi = ranges[0][0], ranges[-1][1]
-        blocks = b.cdiv(b.maximum(b.sub(hi, lo), 0), self.block_n)
-        span = b.mul(b.cdiv(blocks, b.num_programs(0)), self.block_n, name="split_keys")
-        split_lo = b.add(lo, b.mul(split, span), name="split_lo")
-        split_hi = b.minimum(b.add(split_lo, span), hi, name="split_hi")
+        split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
         for start, end, full in ranges:
             state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
         m_i, l_i, acc = state
-
         l_safe = b.where(b.eq(l_i, 0.0), 1.0, l_i)
         out = b.div(acc, b.expand_dims(l_safe, 1), name="out")
         lse2 = b.where(b.eq(l_i, 0.0), float("-inf"), b.add(m_i, b.log2(l_safe)), name="lse2")
         if sink2 is not None:
             lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
-        dv_pad = padded(self.v_dim)
-        d = b.arange(0, dv_pad)
+        self._store(split, batch, head, rows, row_ok, out, lse2)
+        return b.finish()
+
+    def _split_keys(self, split: SSAValue, lo: Value, hi: Value) -> tuple[SSAValue, SSAValue]:
+        """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)."""
+        b = self.b
+        blocks = b.cdiv(b.maximum(b.sub(hi, lo), 0), self.block_n)
+        keys = b.mul(b.cdiv(blocks, b.num_programs(0)), self.block_n, name="split_keys")
+        split_lo = b.add(lo, b.mul(split, keys), name="split_lo")
+        return split_lo, b.minimum(b.add(split_lo, keys), hi, name="split_hi")
+
+    def _store(self, split: SSAValue, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue,
+               out: SSAValue, lse2: SSAValue) -> None:
+        """One split: `out` and `lse` (natural log); several: the workspace row `slot` =
+        `(batch * Hq + head) * Sq + query` of this split (fp32 output, base-2 lse)."""
+        b = self.b
+        assert self.q_len_arg.value is not None and self.lse_arg is not None
+        d = b.arange(0, padded(self.v_dim))
         mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
         alone = b.if_(b.eq(b.num_programs(0), 1, name="one_split"))
         with alone.then_():
             o_base, o_rows = self._packed_rows(self.o_arg, batch, head, rows)
             offs = b.add(b.expand_dims(o_rows, 1), b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
-            b.store(o_base, offs, b.cast(out, self._dtype(spec.out)), mask=mask)
-            assert self.lse_arg is not None
+            b.store(o_base, offs, b.cast(out, self._dtype(self.spec.out)), mask=mask)
             lse_base, lse_rows = self._packed_rows(self.lse_arg, batch, head, rows)
             b.store(lse_base, lse_rows, b.mul(lse2, LN2), mask=row_ok)
         with alone.else_():
-            slot = b.add(b.mul(b.add(b.mul(batch, self.hq), head), q_len), rows, name="slot")
+            slot = b.add(b.mul(b.add(b.mul(batch, self.hq), head), self.q_len_arg.value), rows, name="slot")
             offs = b.add(b.expand_dims(b.mul(slot, self.o_part.strides[1]), 1),
                          b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
             b.store(self.o_part.base(b, split), offs, out, mask=mask)
             b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
-        return b.finish()
 
     def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
                      rows: SSAValue) -> tuple[SSAValue, SSAValue]:
@@ -185,61 +191,6 @@ class SplitKernel(ForwardKernel):
         return [m_i, l_i, acc], sink2
 
 
-def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue, lse: SSAValue,
-                  q_len: SSAValue, splits: SSAValue, heads: int, v_dim: int) -> tuple[KernelOp, list[SSAValue]]:
-    """The combine kernel (grid `[Sq, B * heads, 1]`) and its launch operands."""
-    sig = KernelSignature()
-    parts, part_lse = sig.tensor("Opart", o_part), sig.tensor("LSEpart", lse_part)
-    o_arg, lse_arg = sig.tensor("Out", out), sig.tensor("LSE", lse)
-    q_len_arg, splits_arg = sig.scalar("Sq", q_len), sig.scalar("splits", splits)
-    b = sig.start(name, num_warps=4, num_stages=2, launch={"role": StringAttr("split_kv_combine")})
-    n_q, n_splits = q_len_arg.value, splits_arg.value
-    assert n_q is not None and n_splits is not None
-    q = b.program_id(0, name="q")
-    pid_bh = b.program_id(1, name="pid_bh")
-    slot = b.add(b.mul(pid_bh, n_q), q, name="slot")
-    dv_pad = padded(v_dim)
-    d = b.arange(0, dv_pad, name="d")
-    d_ok = b.lt(d, v_dim)
-    clamp = SINK_START_MAX * LOG2E
-    state = [b.constant(float("-inf"), f32, name="m"), b.constant(0.0, f32, name="l"),
-             b.constant(float("-inf"), f32, name="top"), b.zeros((dv_pad,), f32, name="acc")]
-    with b.for_(0, n_splits, COMBINE_SPLITS, inits=state, iv_name="s0") as loop:
-        m, l, top, acc = loop.carried
-        s = b.add(loop.iv, b.arange(0, COMBINE_SPLITS), name="s")
-        s_ok = b.lt(s, n_splits)
-        lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"),
-                       name="lse_s")
-        offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
-        o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0,
-                     name="o_s")
-        x = b.minimum(lse_s, clamp)  # a +inf sink's split merges as a huge finite weight
-        m_new = b.maximum(m, b.reduce_max(x, 0), name="m_new")
-        m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new)
-        alpha = b.exp2(b.sub(m, m_safe), name="alpha")
-        w = b.exp2(b.sub(x, m_safe), name="w")
-        l_new = b.add(b.mul(l, alpha), b.reduce_sum(w, 0), name="l_new")
-        acc_new = b.add(b.mul(acc, alpha), b.reduce_sum(b.mul(b.expand_dims(w, 1), o_s), 0), name="acc_new")
-        loop.yield_(m_new, l_new, b.maximum(top, b.reduce_max(lse_s, 0)), acc_new)
-    m, l, top, acc = loop.results
-    l_safe = b.where(b.eq(l, 0.0), 1.0, l)
-    m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
-    lse2 = b.where(b.eq(l, 0.0), float("-inf"), b.add(m_safe, b.log2(l_safe)))
-    lse2 = b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
-    batch, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
-    out_type = out.type
-    assert isinstance(out_type, TensorType)
-    o_offs = b.add(b.mul(q, o_arg.strides[2]), b.mul(d, o_arg.strides[3]))
-    b.store(o_arg.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type.element_type), mask=d_ok)
-    b.store(lse_arg.base(b, batch, head), b.mul(q, lse_arg.strides[2]), b.mul(lse2, LN2))
-    return b.finish(), sig.host_operands()
-
-
-def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:
-    """i64 offsets of row `slot` of each split in a [splits, slots, ...] workspace."""
-    return b.add(b.mul(b.to_i64(splits), b.to_i64(arg.strides[0])), b.to_i64(b.mul(slot, arg.strides[1])))
-
-
 @dataclass
 class SplitKVPath:
     """The kernels of the split-KV path and the host value saying a call takes it."""
@@ -263,8 +214,11 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
     v_dim = spec.v.type.get_shape()[3]
+    # One workspace row per (batch, head, query), padded so that the split stride is a
+    # multiple of 16 whatever the split count; none for calls that do not decode.
     slots = host.emit(arith.MuliOp(host.mul(spec.batch, hq, "slot_bh"), spec.q_len), "slots")
-    slots = host.mul(host.cdiv(slots, 16, "slot_tiles"), 16, "slots_padded")  # 16-divisible strides
+    slots = host.mul(host.cdiv(slots, 16, "slot_tiles"), 16, "slots_padded")
+    slots = host.emit(arith.SelectOp(decoding, slots, host.const(0)), "workspace_slots")
     o_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX, padded(v_dim)]),
                         {0: split_grid, 1: slots}, "o_part")
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
@@ -288,10 +242,11 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
 
 
 def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:
-    """Host code of the split count: the plan's fixed count, or `auto`: about `waves`
-    programs per SM over the `B * Hkv` programs of one split, each split at least
-    `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited, and
-    rounded so that no split is empty."""
+    """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
+    keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
+    down: a partly filled last wave would take as long as a full one), each split at
+    least `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited,
+    and rounded so that no split is empty."""
     online = spec.program.online
     assert online is not None
     blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec, online.plan.get_band()),
@@ -301,7 +256,7 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
         programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
                                            host.const(1)), "programs")
         per_sm = host.mul(host.emit(SmCountOp(), "sms"), plan.waves.data, "target_programs")
-        by_sms = host.emit(arith.CeilDivSIOp(per_sm, programs), "splits_by_sms")
+        by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
         by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
         wanted = host.emit(arith.MaxSIOp(host.emit(arith.MinSIOp(by_sms, by_work)), host.const(1)), "splits_wanted")
     else:
@@ -322,4 +277,4 @@ def _visited_keys(host: HostCode, spec: ForwardSpec, band: tuple[int | None, int
     return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
 
 
-__all__ = ["SplitKVPath", "build_combine", "lower_split_kv", "split_stages", "split_warps"]
+__all__ = ["SplitKVPath", "SplitKernel", "lower_split_kv", "split_stages", "split_warps"]

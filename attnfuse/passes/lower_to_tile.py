@@ -55,7 +55,7 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.split_kv import lower_split_kv
-from attnfuse.lowering.tile_fit import check_tile_rows
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -65,11 +65,6 @@ def rope_inverse_frequencies(op: RopeOp) -> list[float]:
 
     params = RopeParams.of(op)
     return [float(x) for x in inverse_frequencies(params)]
-
-
-SHARED_MEMORY_BUDGET = 227 * 1024
-"""Bytes of shared memory a program may use on an H100/H200 SM (232448, the limit Triton
-reports for sm_90)."""
 
 
 def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False) -> int:
@@ -251,4 +246,4 @@ class LowerToTilePass(ModulePass):
         return kernels
 
 
-__all__ = ["LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]
+__all__ = ["SHARED_MEMORY_BUDGET", "LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]

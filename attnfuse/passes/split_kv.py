@@ -13,7 +13,8 @@ left as it is, and the reason is logged (logger `attnfuse.passes.split_kv`, INFO
 ```
 becomes, with 32 query heads over 8 KV heads,
 ```mlir
-%o = attn.online_softmax %m, %v {tile_plan = ..., split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>} : ...
+%o = attn.online_softmax %m, %v {tile_plan = ...,
+    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>} : ...
 ```
 """
 

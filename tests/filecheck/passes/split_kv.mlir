@@ -28,13 +28,14 @@
 // LOWER:         %programs_per_split = arith.muli %batch, %{{.*}} : i32
 // LOWER:         %sms = host.sm_count : i32
 // LOWER:         %target_programs = arith.muli %sms, %{{.*}} : i32
-// LOWER:         %splits_by_sms = arith.ceildivsi %target_programs, %programs : i32
+// LOWER:         %splits_by_sms = arith.divsi %target_programs, %programs : i32
 // LOWER:         %splits_by_work = arith.ceildivsi %kv_blocks, %{{.*}} : i32
 // LOWER:         %blocks_per_split = arith.ceildivsi %kv_blocks, %splits_wanted : i32
 // LOWER-NEXT:    %splits = arith.ceildivsi %kv_blocks, %blocks_per_split : i32
 // LOWER:         %split_grid = arith.select %decoding, %splits, %{{.*}} : i32
-// LOWER:         %o_part = host.alloc %split_grid, %slots_padded : tensor<?x?x128xf32>
-// LOWER-NEXT:    %lse_part = host.alloc %split_grid, %slots_padded : tensor<?x?xf32>
+// LOWER:         %workspace_slots = arith.select %decoding, %slots_padded, %{{.*}} : i32
+// LOWER-NEXT:    %o_part = host.alloc %split_grid, %workspace_slots : tensor<?x?x128xf32>
+// LOWER-NEXT:    %lse_part = host.alloc %split_grid, %workspace_slots : tensor<?x?xf32>
 // LOWER:         host.launch @llama_split_kv[%split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
 // LOWER-NEXT:    %several_splits = arith.cmpi sgt, %split_grid, %one : i32
 // LOWER:         %combine_grid = arith.select %several_splits, %q_len, %{{.*}} : i32
