@@ -207,6 +207,8 @@ class SplitKVPath:
 def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: str, one: SSAValue) -> SplitKVPath:
     """Emit the host code of the split-KV path and build its two kernels."""
     hq, hk, _ = spec.program.heads
+    online = spec.program.online
+    assert online is not None and spec.lse is not None
     rows, block_n = plan.rows.data, plan.block_n.data
     packed_rows = host.mul(spec.q_len, plan.group.data, "packed_rows")
     decoding = host.emit(arith.CmpiOp(packed_rows, host.const(rows), "sle"), "decoding")
@@ -224,7 +226,8 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
     split_spec = dataclasses.replace(
         spec, block_m=rows, block_n=block_n, block_map=None,
-        planned_masks=spec.planned_masks if spec.program.online.plan.is_exact() else set(),  # type: ignore[union-attr]
+        # Without an exact band every mask is applied to every tile (no block map here).
+        planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
         num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
         launch={"role": StringAttr("split_kv")})
     name = f"{fname}_split_kv"
@@ -233,7 +236,6 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     host.launch(name, [split_grid, host.mul(spec.batch, hk, "split_bh"), one], kernel.sig.host_operands())
     several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
     combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
-    assert spec.lse is not None
     combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
                                       split_grid, hq, v_dim)
     kernels.append(combine)
@@ -247,10 +249,7 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
     down: a partly filled last wave would take as long as a full one), each split at
     least `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited,
     and rounded so that no split is empty."""
-    online = spec.program.online
-    assert online is not None
-    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec, online.plan.get_band()),
-                                                plan.block_n.data, "kv_blocks_visited"),
+    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
                                      host.const(1)), "kv_blocks")
     if plan.is_auto():
         programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
@@ -265,12 +264,12 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
     return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits")
 
 
-def _visited_keys(host: HostCode, spec: ForwardSpec, band: tuple[int | None, int | None]) -> SSAValue:
+def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
     """Keys the packed tile's band can reach: `min(Skv, Sq + upper - lower)` for a band
-    bounded on both sides (a sliding window), else `Skv`."""
-    lower, upper = band
+    bounded on both sides (a sliding window) and no prefix, else `Skv`."""
     online = spec.program.online
     assert online is not None
+    lower, upper = online.plan.get_band()
     if lower is None or upper is None or online.plan.get_prefix() is not None:
         return spec.kv_len
     reach = host.emit(arith.AddiOp(spec.q_len, host.const(upper - lower)), "band_keys")
