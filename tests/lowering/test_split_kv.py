@@ -19,11 +19,14 @@ import torch
 from programs import Builder, Program
 from split_kv_check import check_decode, compile_split, launches
 
+import attnfuse
+from attnfuse import reference
 from attnfuse.backends.triton.metadata import KernelMetadata
 from attnfuse.dialects.host import LaunchOp
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.reference import parse_program
 from attnfuse.runtime.host import INTERPRETER_SM_COUNT, call_signature
+from attnfuse.testing import assert_grad_close
 
 BR = {"align": "bottom_right"}
 GROUPS = {1: (2, 2), 4: (8, 2), 8: (8, 1)}
@@ -242,16 +245,11 @@ def test_backward_uses_the_exact_lse() -> None:
     """A small training step: the forward of 3 queries runs split (the lse comes from the
     combine kernel), the backward (unchanged, no split kernels) reproduces the reference
     gradients of q, k, v and the sinks."""
-    from attnfuse import reference
-    from attnfuse.testing import assert_grad_close
-
     p = Builder(hq=4, hkv=2, d=32).rope().alibi().mask("causal", **BR).build(sinks=True)
     pipe = (
         "attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},"
         "split-kv{block-n=16},lower-backward{block-m=16 block-n=16},lower-to-tile"
     )
-    import attnfuse
-
     fn = attnfuse.compile(p.text, pipeline=pipe)
     assert fn._backward is not None  # noqa: SLF001
     backward = [op.kernel.root_reference.data for op in fn._backward.ops if isinstance(op, LaunchOp)]  # noqa: SLF001
