@@ -3,11 +3,17 @@
 The program is Llama-3-8B attention over an already-rotated cache (32 query heads, 8
 KV heads, D = 128, bf16) with a bottom-right causal mask, so the `Sq` new queries are
 the last `Sq` positions. Per (B, Skv, Sq): GPU time per call (`do_bench` median) of
-AttnFuse, SDPA (default backend choice, `causal_lower_right` mask; no mask for Sq = 1)
-and compiled flex_attention (`bench/baselines.py`), the max difference to SDPA, and
-ratios. JSON and a markdown table under --out:
+AttnFuse with the default pipeline (split-KV decoding, docs/inference.md; the split
+count and the kernels its launch plan runs are recorded), AttnFuse without `split-kv`
+(one program per query block and head, what ran before), SDPA and compiled
+flex_attention (`bench/baselines.py`), the max difference to SDPA, and ratios. SDPA is
+timed as `causal_lower_right` with K/V repeated to the query heads (its causal-bias path
+takes no `enable_gqa`) and, for Sq > 1, also with an explicit lower-right boolean mask
+and `enable_gqa=True`; `vs_sdpa` compares with the faster of the two (no mask for
+Sq = 1). JSON and a markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
+                           [--pipeline P] [--no-baseline-pipeline]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 import attnfuse
 from attnfuse import reference
+from attnfuse.passes import DEFAULT_PIPELINE
 from attnfuse.program import analyze, find_functions
 from baselines import flex_baseline
 
@@ -51,6 +58,26 @@ def sdpa_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def sdpa_gqa_mask(q_len: int, kv_len: int, device: str) -> Callable[..., torch.Tensor]:
+    """SDPA with `enable_gqa` and the lower-right causal mask as a boolean tensor (no
+    repeated K/V; SDPA picks a backend that takes masks)."""
+    import torch.nn.functional as F
+
+    i = torch.arange(q_len, device=device)[:, None]
+    j = torch.arange(kv_len, device=device)[None, :]
+    mask = j <= i + (kv_len - q_len)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def launched(fn: attnfuse.api.AttentionFunction, args: list[torch.Tensor]) -> dict[str, int]:
+    """Kernel name -> programs along grid axis 0 (the split count of the split kernel) of
+    the launches the call's launch plan runs."""
+    from attnfuse.runtime.host import call_signature
+
+    plan = fn._host.plan(call_signature(args))  # noqa: SLF001
+    return {} if plan is None else {s.meta.name: s.grid[0] for s in plan.steps if hasattr(s, "meta")}
+
+
 def _ms(fn: Callable[[], Any]) -> float:
     import triton.testing
 
@@ -59,8 +86,10 @@ def _ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def run(batches: list[int], kv_lens: list[int], q_lens: list[int]) -> list[dict[str, Any]]:
-    fn = attnfuse.compile(PROGRAM)
+def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str,
+        baseline_pipeline: str | None) -> list[dict[str, Any]]:
+    fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
+    unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     program = analyze(find_functions(reference.parse_program(PROGRAM))[0])
     rows: list[dict[str, Any]] = []
     for b in batches:
@@ -74,6 +103,11 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int]) -> list[dict[
                 with torch.no_grad():
                     want = sdpa_lower_right(q, k, v)
                     impls = {"attnfuse": lambda: fn(q, k, v), "sdpa": lambda: sdpa_lower_right(q, k, v)}
+                    if unsplit is not None:
+                        impls["attnfuse_no_split"] = lambda: unsplit(q, k, v)
+                    if sq > 1:
+                        masked = sdpa_gqa_mask(sq, skv, "cuda")
+                        impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
                     flex = flex_baseline(program, [q, k, v])
                     impls["flex"] = lambda: flex(q, k, v)
                     for name, call in impls.items():
@@ -82,9 +116,14 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int]) -> list[dict[
                             row[f"{name}_ms"] = _ms(call)
                         except Exception as exc:  # reported, never hidden
                             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                for other in ("sdpa", "flex"):
-                    if f"{other}_ms" in row and "attnfuse_ms" in row:
-                        row[f"vs_{other}"] = row[f"{other}_ms"] / row["attnfuse_ms"]
+                    row["attnfuse_kernels"] = launched(fn, [q, k, v])
+                row["splits"] = row["attnfuse_kernels"].get("decode_split_kv", 0)
+                sdpa = [row[k] for k in ("sdpa_ms", "sdpa_gqa_mask_ms") if k in row]
+                if sdpa:
+                    row["sdpa_best_ms"] = min(sdpa)
+                for other, key in (("sdpa", "sdpa_best_ms"), ("flex", "flex_ms"), ("no_split", "attnfuse_no_split_ms")):
+                    if key in row and "attnfuse_ms" in row:
+                        row[f"vs_{other}"] = row[key] / row["attnfuse_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del q, k, v, want
@@ -93,11 +132,13 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int]) -> list[dict[
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    lines = ["| B | Skv | Sq | AttnFuse ms | SDPA ms | flex ms | vs SDPA | vs flex |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | SDPA ms (best) | flex ms | vs SDPA | vs flex "
+             "| vs no split-kv |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cell = [f"{r[k]:.4f}" if k in r else "err" for k in ("attnfuse_ms", "sdpa_ms", "flex_ms")]
-        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_sdpa", "vs_flex")]
-        lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
+        cell = [f"{r[k]:.4f}" if k in r else "err" for k in ("attnfuse_ms", "attnfuse_no_split_ms", "sdpa_best_ms", "flex_ms")]
+        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_sdpa", "vs_flex", "vs_no_split")]
+        lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {r.get('splits', '')} | {' | '.join(cell)} "
+                     f"| {' | '.join(ratio)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,11 +148,16 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--kv", default="1024,8192,32768,131072")
     parser.add_argument("--sq", default="1,4,16")
+    parser.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="AttnFuse's pipeline (default: the default one)")
+    parser.add_argument("--no-baseline-pipeline", action="store_true",
+                        help="skip timing the default pipeline without split-kv")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    rows = run(ints(args.batches), ints(args.kv), ints(args.sq))
+    baseline = None if args.no_baseline_pipeline else DEFAULT_PIPELINE.replace("split-kv,", "")
+    rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    (args.out / "decode.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "rows": rows}, indent=1))
     (args.out / "decode.md").write_text(summary(rows))
     print(summary(rows))
 

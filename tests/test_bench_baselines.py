@@ -55,10 +55,11 @@ def test_unsupported_programs_say_why() -> None:
 
 @pytest.mark.parametrize("q_len", [1, 4])
 def test_decode_bench_program_and_baselines(q_len: int) -> None:
-    """bench/decode.py: its program, SDPA with the lower-right causal mask and the flex
-    translation all give the reference's decode attention (new queries last)."""
+    """bench/decode.py: its program (through the split-KV kernels it times), both SDPA
+    formulations with the lower-right causal mask and the flex translation all give the
+    reference's decode attention (new queries last)."""
     import attnfuse
-    from decode import PROGRAM, sdpa_lower_right
+    from decode import PROGRAM, launched, sdpa_gqa_mask, sdpa_lower_right
 
     text = with_dtype(PROGRAM, "f32")
     function = find_functions(reference.parse_program(text))[0]
@@ -66,6 +67,8 @@ def test_decode_bench_program_and_baselines(q_len: int) -> None:
     q = torch.randn(2, 32, q_len, 128, generator=g)
     k, v = (torch.randn(2, 8, 37, 128, generator=g) for _ in range(2))
     want = reference.run(text, q, k, v)
-    for got in (attnfuse.compile(text)(q, k, v), sdpa_lower_right(q, k, v),
+    fn = attnfuse.compile(text)
+    for got in (fn(q, k, v), sdpa_lower_right(q, k, v), sdpa_gqa_mask(q_len, 37, "cpu")(q, k, v),
                 flex_baseline(analyze(function), [q, k, v], compile=False)(q, k, v)):
         assert float((got.double() - want).abs().max()) < 1e-4
+    assert "decode_split_kv" in launched(fn, [q, k, v])

@@ -53,6 +53,7 @@ from xdsl.traits import HasParent, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_online import OnlineSoftmaxOp, TilePlanAttr
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import (
     DYNAMIC,
@@ -671,7 +672,7 @@ Attn = Dialect(
         YieldOp,
         OnlineSoftmaxOp,
     ],
-    [ScoresType, ProbsType, TilePlanAttr],
+    [ScoresType, ProbsType, TilePlanAttr, SplitKVAttr],
 )
 
 __all__ = [
@@ -689,6 +690,7 @@ __all__ = [
     "ScoresType",
     "SoftcapOp",
     "SoftmaxOp",
+    "SplitKVAttr",
     "TilePlanAttr",
     "WeightedSumOp",
     "YieldOp",

@@ -1,8 +1,8 @@
 """`attn.online_softmax`: the streaming form of softmax + weighted_sum, and its tile plan.
 
 Not written by users: the `online-softmax` pass produces it from `attn.softmax`
-(+ `attn.dropout`) + `attn.weighted_sum`, and `mask-tiling` records a `#attn.tile_plan`
-on it. It computes exactly what the ops it replaces compute, but states the algorithm the
+(+ `attn.dropout`) + `attn.weighted_sum`, `mask-tiling` records a `#attn.tile_plan`
+on it, and `split-kv` may record a `#attn.split_kv` (`attn_split_kv.py`). It computes exactly what the ops it replaces compute, but states the algorithm the
 kernel uses: KV is visited in blocks of `block_n` keys with a running row max `m`, a
 running sum `l` and an fp32 accumulator; sink logits, when present, start the state at
 `m = sink, l = 1`.
@@ -37,6 +37,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import Option, ScoresType, qkv_shape, vector_shape
 
@@ -206,6 +207,7 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     lse = opt_result_def(TensorType)
     dropout_p = opt_prop_def(FloatAttr)
     tile_plan = opt_prop_def(TilePlanAttr)
+    split_kv = opt_prop_def(SplitKVAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(Pure())
 
@@ -215,6 +217,7 @@ class OnlineSoftmaxOp(AttnSyntaxOp):
     OPTIONS: ClassVar[tuple[Option, ...]] = (
         Option("dropout_p", float, 0.0, doc="dropout probability, with dropout_seed"),
         Option("tile_plan", TilePlanAttr, None, doc="set by mask-tiling"),
+        Option("split_kv", SplitKVAttr, None, doc="set by split-kv"),
     )
 
     @property

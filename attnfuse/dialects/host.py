@@ -71,6 +71,26 @@ class DimOp(IRDLOperation):
 
 
 @irdl_op_definition
+class SmCountOp(IRDLOperation):
+    """The number of streaming multiprocessors of the device a call runs on, as i32
+    (132 on an H100 / H200). Launch plans size grids with it (split-KV decoding); on the
+    CPU, where kernels run in the Triton interpreter, it is that of an H200, so CPU runs
+    take the launch decisions a Hopper GPU would.
+
+    ```mlir
+    %sms = host.sm_count : i32
+    ```
+    """
+
+    name = "host.sm_count"
+    result = result_def(i32)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self) -> None:
+        super().__init__(result_types=[i32])
+
+
+@irdl_op_definition
 class AllocOp(IRDLOperation):
     """A new buffer on the inputs' device; one i32 operand per dynamic dim. `order`
     gives the dims from outermost to innermost in memory (default: row-major), e.g.
@@ -201,4 +221,4 @@ class ConvertOp(IRDLOperation):
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
 
-Host = Dialect("host", [DimOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])
+Host = Dialect("host", [DimOp, SmCountOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

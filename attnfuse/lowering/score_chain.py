@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import f32
+from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects.attn import BiasOp, MaskOp, ScoreModOp, SoftcapOp
@@ -27,6 +27,8 @@ class TileCoords:
 
     batch: SSAValue
     head: SSAValue
+    """A scalar, or a [BM, 1] tile when the rows of the tile belong to different heads
+    (the split-KV kernel packs the heads of a GQA group into one tile)."""
     rows: SSAValue  # [BM] i32
     cols: SSAValue  # [BN] i32
     q_len: SSAValue
@@ -173,11 +175,15 @@ class ScoreChain:
             slope = b.cast(b.load(arg.ptr, b.mul(at.head, arg.strides[0])), f32, name="slope")
             distance = b.sub(at.kv_vector(b, at.cols), at.q_vector(b, at.rows))
             return b.mul(b.cast(distance, f32), slope)
-        base = arg.base(b, at.batch, at.head)
         offs = b.add(
             at.q_vector(b, b.mul(at.rows, arg.strides[2])),
             at.kv_vector(b, b.mul(at.cols, arg.strides[3])),
         )
+        if isinstance(at.head.type, TensorType):  # one head per row: [BM, 1]
+            base = arg.base(b, at.batch)
+            offs = b.add(offs, b.mul(b.to_i64(at.head), b.to_i64(arg.strides[1])))
+        else:
+            base = arg.base(b, at.batch, at.head)
         return b.cast(b.load(base, offs, mask=at.valid, other=0.0), f32, name="bias")
 
     def keep(self, b: TileBuilder, n: int, op: MaskOp, at: TileCoords) -> SSAValue:

@@ -16,6 +16,10 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM
 from attnfuse.lowering.qk_side import padded, side_layout
 from attnfuse.program import AttentionProgram, ProgramError
 
+SHARED_MEMORY_BUDGET = 227 * 1024
+"""Bytes of shared memory a program may use on an H100/H200 SM (232448, the limit Triton
+reports for sm_90)."""
+
 
 def check_tile_rows(program: AttentionProgram, block_m: int, block_n: int, options: str) -> None:
     """Raise a `ProgramError` at `attn.scores` when a kernel tile would have more than

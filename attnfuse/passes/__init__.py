@@ -64,13 +64,14 @@ PASSES: dict[str, str] = {
     "rope-fusion": "attnfuse.passes.rope_fusion",
     "online-softmax": "attnfuse.passes.online_softmax",
     "mask-tiling": "attnfuse.passes.mask_tiling",
+    "split-kv": "attnfuse.passes.split_kv",
     "lower-backward": "attnfuse.passes.lower_backward",
     "lower-to-tile": "attnfuse.passes.lower_to_tile",
 }
 """Pass name -> ``"module"`` or ``"module:Class"`` for every pass shipped with AttnFuse."""
 
 DEFAULT_PIPELINE: str = (
-    "attn-canonicalize,rope-fusion{strategy=auto},online-softmax,mask-tiling,"
+    "attn-canonicalize,rope-fusion{strategy=auto},online-softmax,mask-tiling,split-kv,"
     "lower-backward,lower-to-tile"
 )
 """The pipeline ``attnfuse-opt -t triton`` (and the Python API) runs by default."""

@@ -6,6 +6,8 @@ Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
 * a pre-kernel per side whose transforms were placed in a `prekernel`,
 * a block-map kernel when the tile plan asks for a runtime block map,
 * the fused forward kernel (see `attnfuse.lowering.forward`),
+* with a `#attn.split_kv` plan (`split-kv`), the split and combine kernels of decoding
+  calls (see `attnfuse.lowering.split_kv`), and host code choosing per call,
 
 and rewrites the function body into host code (`host.dim`, `host.alloc`,
 `host.launch`) that the runtime executes. Constant tables (RoPE inverse frequencies,
@@ -53,7 +55,8 @@ from attnfuse.lowering.hopper_forward import lower_hopper_forward
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
-from attnfuse.lowering.tile_fit import check_tile_rows
+from attnfuse.lowering.split_kv import lower_split_kv
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -63,11 +66,6 @@ def rope_inverse_frequencies(op: RopeOp) -> list[float]:
 
     params = RopeParams.of(op)
     return [float(x) for x in inverse_frequencies(params)]
-
-
-SHARED_MEMORY_BUDGET = 227 * 1024
-"""Bytes of shared memory a program may use on an H100/H200 SM (232448, the limit Triton
-reports for sm_90)."""
 
 
 def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False) -> int:
@@ -225,9 +223,16 @@ class LowerToTilePass(ModulePass):
         kernels.append(forward.build())
         if hopper is not None:
             kernels.extend(hopper[1])
+        grid_m = host.cdiv(q_len, block_m, "grid_m")
+        if online.split_kv is not None:
+            # Split-KV runs for Sq * group <= its rows, hopper-forward for Sq % 128 == 0:
+            # never both in one shape class.
+            split = lower_split_kv(host, spec, online.split_kv, fname, one)
+            kernels.extend(split.kernels)
+            grid_m = split.unless_decoding(host, grid_m, "grid_m")
         if tables is not None:
             kernels.extend(tables.kernels)
-        grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
+        grid = [grid_m, host.mul(batch, hq, "grid_bh"), one]
         host.launch(f"{fname}_fwd", grid, forward.sig.host_operands(),
                     when=hopper[0] if hopper is not None else None, unless=hopper is not None)
 
@@ -252,4 +257,4 @@ class LowerToTilePass(ModulePass):
         return kernels
 
 
-__all__ = ["LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]
+__all__ = ["SHARED_MEMORY_BUDGET", "LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]

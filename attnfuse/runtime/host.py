@@ -8,7 +8,10 @@ integer scalar fits in 32 bits. That is everything Triton specializes a kernel o
 plan fixes every size, grid, buffer shape and kernel argument but the data pointers and
 dynamic scalars. The first call of a shape class builds its plan while running (and
 checks every tensor at the kernel boundary); later calls run the plan: a few
-allocations and kernel launches.
+allocations and kernel launches. Sizes, grids and run-time choices (how many programs
+split the keys of a decode call, which kernels run: a zero grid launches nothing) are
+integer `arith` (with `cmpi` and `select`) over `host.dim` and `host.sm_count`, so a plan
+computes them once.
 
 Tensors reach kernels as a pointer plus per-dim strides, so any strided view works
 without a copy; a size-1 dim gets stride 0, which is how broadcast operands (a
@@ -36,7 +39,16 @@ from xdsl.dialects.builtin import ArrayAttr, DenseIntOrFPElementsAttr, IntegerAt
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import KernelMetadata
-from attnfuse.dialects.host import TOP_LEFT_BAND, AllocOp, ConvertOp, DimOp, LaunchOp, ReduceSumOp, TmaReadyOp
+from attnfuse.dialects.host import (
+    TOP_LEFT_BAND,
+    AllocOp,
+    ConvertOp,
+    DimOp,
+    LaunchOp,
+    ReduceSumOp,
+    SmCountOp,
+    TmaReadyOp,
+)
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
 
@@ -48,7 +60,7 @@ MAX_PLANS = 64
 Slots = list[Any]
 Step = Callable[[Slots], None]
 
-_INT_OPS: dict[type[Operation], Callable[[int, int], int]] = {
+_INT_OPS: dict[type[Operation], Callable[..., int]] = {
     arith.AddiOp: lambda a, b: a + b,
     arith.SubiOp: lambda a, b: a - b,
     arith.MuliOp: lambda a, b: a * b,
@@ -56,7 +68,33 @@ _INT_OPS: dict[type[Operation], Callable[[int, int], int]] = {
     arith.DivSIOp: lambda a, b: int(a / b),
     arith.MaxSIOp: max,
     arith.MinSIOp: min,
+    arith.SelectOp: lambda c, a, b: a if c else b,
 }
+"""Scalar host ops and their meaning on Python ints (`arith.cmpi` below)."""
+
+_CMPI: dict[int, Callable[[int, int], bool]] = {
+    0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a < b,
+    3: lambda a, b: a <= b, 4: lambda a, b: a > b, 5: lambda a, b: a >= b,
+}
+"""`arith.cmpi` predicates eq, ne, slt, sle, sgt, sge (the signed ones: sizes are i32)."""
+
+
+def _scalar_fn(op: Operation) -> Callable[..., int] | None:
+    """What a scalar host op computes, or None for an op that is not one."""
+    if isinstance(op, arith.CmpiOp):
+        return _CMPI[op.predicate.value.data]
+    return _INT_OPS.get(type(op))
+
+
+INTERPRETER_SM_COUNT = 132
+"""What `host.sm_count` reports on the CPU: an H200's SM count (see `SmCountOp`)."""
+
+
+def sm_count(device: torch.device) -> int:
+    """`host.sm_count` on `device`: its SM count, or `INTERPRETER_SM_COUNT` on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SM_COUNT
 
 
 def call_signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -200,8 +238,8 @@ class HostProgram:
         static: set[SSAValue] = set()
         cached: set[LaunchOp] = set()
         for op in self.ops:
-            if isinstance(op, (DimOp, arith.ConstantOp)) or (
-                type(op) in _INT_OPS and all(o in static for o in op.operands)
+            if isinstance(op, (DimOp, SmCountOp, arith.ConstantOp)) or (
+                _scalar_fn(op) is not None and all(o in static for o in op.operands)
             ):
                 static.update(op.results)
             elif isinstance(op, LaunchOp):
@@ -249,8 +287,11 @@ class HostProgram:
                 else:
                     slots[out] = kept[out] = self._table(op, device)
                 static.add(out)
-            elif type(op) in _INT_OPS:
-                step = self._int_step(op, out, slots, static)
+            elif isinstance(op, SmCountOp):
+                slots[out] = sm_count(device)
+                static.add(out)
+            elif (fn := _scalar_fn(op)) is not None:
+                step = self._int_step(fn, op, out, slots, static)
             elif isinstance(op, AllocOp):
                 step = self._alloc_step(op, out, slots, device)
             elif isinstance(op, TmaReadyOp):
@@ -286,17 +327,17 @@ class HostProgram:
         plan = LaunchPlan(device, blank, steps, self.returns)
         return plan, [slots[i] for i in self.returns]
 
-    def _int_step(self, op: Operation, out: int, slots: Slots, static: set[int]) -> Step | None:
-        fn = _INT_OPS[type(op)]
-        a, b = (self.slots[o] for o in op.operands)
-        if a in static and b in static:
-            slots[out] = fn(slots[a], slots[b])
+    def _int_step(self, fn: Callable[..., int], op: Operation, out: int, slots: Slots,
+                  static: set[int]) -> Step | None:
+        operands = tuple(self.slots[o] for o in op.operands)
+        if all(i in static for i in operands):
+            slots[out] = fn(*(slots[i] for i in operands))
             static.add(out)
             return None
-        const = {i: slots[i] for i in (a, b) if i in static}
+        const = {i: slots[i] for i in operands if i in static}
 
         def int_op(s: Slots) -> None:
-            s[out] = fn(const.get(a, s[a]), const.get(b, s[b]))
+            s[out] = fn(*(const.get(i, s[i]) for i in operands))
 
         return int_op
 

@@ -1,0 +1,70 @@
+"""Whether a program can decode split over its keys, and the tiles it would use.
+
+Decoding runs a few new queries (`Sq` = 1..16) against a long KV cache. The split-KV
+lowering packs the query rows of all `group = Hq / Hkv` heads that share a KV head into
+one tile of `rows` rows (row `r`: query `r / group` of head `kv_head * group + r % group`),
+so each K/V tile is loaded once per group, and splits the keys over several programs
+whose partial results a combine kernel merges (docs/inference.md).
+
+`split-kv` asks `split_kv_blocker` whether every building block of a program works in
+that form and records `decode_tiles` as a `#attn.split_kv`; `lower-to-tile` builds the
+kernels from it.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import TensorType, f32
+
+from attnfuse.lowering.qk_side import padded
+from attnfuse.program import AttentionProgram
+
+DECODE_Q_ROWS = 16
+"""Queries per call the default packing is sized for (a decode step, or a few
+speculative tokens): `rows = group * 16`, rounded up to a power of two."""
+
+
+def _head_dims(program: AttentionProgram) -> tuple[int, int]:
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    return q_type.get_shape()[3], program.v_type.get_shape()[3]
+
+
+def decode_tiles(program: AttentionProgram) -> tuple[int, int]:
+    """(most packed rows, keys per KV block) of a split kernel tile without register
+    spills on sm_90 (tests/lowering/test_split_kv_sm90.py): 128 x 64 for 16-bit inputs
+    with head dims up to 128, 64 x 32 for wider heads, 32 x 16 for f32 inputs (their
+    dots run on FMA units from registers). The K and V tiles of three pipeline stages
+    then fit half an SM's shared memory, so two programs share each SM."""
+    q_type = program.scores.q.type
+    assert isinstance(q_type, TensorType)
+    if q_type.element_type == f32:
+        return 32, 16
+    return (128, 64) if padded(max(_head_dims(program))) <= 128 else (64, 32)
+
+
+def default_rows(program: AttentionProgram) -> int:
+    """Packed rows per tile: `group * DECODE_Q_ROWS` as a power of two, at most the
+    rows of `decode_tiles`."""
+    hq, hk, _ = program.heads
+    return min(padded((hq // hk) * DECODE_Q_ROWS), decode_tiles(program)[0])
+
+
+def split_kv_blocker(program: AttentionProgram, rows: int) -> str | None:
+    """Why `program` cannot use the split-KV lowering with tiles of `rows` packed rows,
+    or None when it can."""
+    hq, hk, hv = program.heads
+    group = hq // hk
+    online = program.online
+    assert online is not None
+    if online.dropout_seed is not None:
+        return ("dropout draws its random numbers per (batch, head), and the split kernel "
+                "packs the heads of a GQA group into one tile")
+    if hv != hk:
+        return f"V has {hv} heads and K {hk}: the packed heads of a GQA group must share one V head"
+    if group > rows:
+        return f"a GQA group of {group} query heads does not fit a tile of {rows} rows"
+    q_len = program.func.args[program.q.arg_index].type.get_shape()[2]  # type: ignore[attr-defined]
+    if q_len >= 0 and q_len * group > rows:
+        return (f"the program's {q_len} queries x {group} heads per KV head never fit a tile "
+                f"of {rows} rows")
+    return None

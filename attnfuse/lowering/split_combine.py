@@ -1,0 +1,94 @@
+"""The combine kernel of split-KV decoding: partial results merged by their log-sum-exp.
+
+One program per (query, batch x head), grid `[Sq, B * H, 1]`. The split kernel
+(`split_kv.py`) wrote, for each split `s`, the normalised fp32 output `out_s` and the
+base-2 log-sum-exp `lse_s` of every query row to a workspace `[splits, slots, Dv]`
+(`[splits, slots]` for the lse); this kernel merges them `COMBINE_SPLITS` at a time with
+the online-softmax rescaling:
+
+```text
+m = max_s lse_s    w_s = 2^(lse_s - m)    out = sum_s w_s out_s / sum_s w_s
+lse = (m + log2 sum_s w_s) * ln 2        (and at least every lse_s: +inf stays +inf)
+```
+
+Rows no split reached (`lse_s = -inf` everywhere) give 0 and `lse = -inf`.
+
+```mlir
+tile.kernel @f_split_kv_combine(%Opart: !tile.ptr<f32>, ..., %Sq: i32, %splits: i32) attributes {...} {
+  %q = tile.program_id 0 : i32
+  ...
+  %m_1, %l_1, %top_1, %acc_1 = scf.for %s0 = %3 to %splits step %4 iter_args(...) -> (f32, f32, f32, tensor<128xf32>) : i32 {
+```
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import StringAttr, TensorType, f32
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX
+from attnfuse.lowering.qk_side import padded
+from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+COMBINE_SPLITS = 16
+"""Partial results the combine kernel merges per step."""
+
+
+def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue, lse: SSAValue,
+                  q_len: SSAValue, splits: SSAValue, heads: int, v_dim: int) -> tuple[KernelOp, list[SSAValue]]:
+    """The combine kernel (grid `[Sq, B * heads, 1]`) and its launch operands."""
+    sig = KernelSignature()
+    parts, part_lse = sig.tensor("Opart", o_part), sig.tensor("LSEpart", lse_part)
+    o_arg, lse_arg = sig.tensor("Out", out), sig.tensor("LSE", lse)
+    q_len_arg, splits_arg = sig.scalar("Sq", q_len), sig.scalar("splits", splits)
+    b = sig.start(name, num_warps=4, num_stages=2, launch={"role": StringAttr("split_kv_combine")})
+    n_q, n_splits = q_len_arg.value, splits_arg.value
+    assert n_q is not None and n_splits is not None and parts.ptr is not None and part_lse.ptr is not None
+    q = b.program_id(0, name="q")
+    pid_bh = b.program_id(1, name="pid_bh")
+    slot = b.add(b.mul(pid_bh, n_q), q, name="slot")
+    dv_pad = padded(v_dim)
+    d = b.arange(0, dv_pad, name="d")
+    d_ok = b.lt(d, v_dim)
+    clamp = SINK_START_MAX * LOG2E
+    state = [b.constant(float("-inf"), f32, name="m"), b.constant(0.0, f32, name="l"),
+             b.constant(float("-inf"), f32, name="top"), b.zeros((dv_pad,), f32, name="acc")]
+    with b.for_(0, n_splits, COMBINE_SPLITS, inits=state, iv_name="s0") as loop:
+        m, l, top, acc = loop.carried
+        s = b.add(loop.iv, b.arange(0, COMBINE_SPLITS), name="s")
+        s_ok = b.lt(s, n_splits)
+        lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"),
+                       name="lse_s")
+        offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
+        o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0,
+                     name="o_s")
+        x = b.minimum(lse_s, clamp)  # a +inf sink's split merges as a huge finite weight
+        m_new = b.maximum(m, b.reduce_max(x, 0), name="m_new")
+        m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new)
+        alpha = b.exp2(b.sub(m, m_safe), name="alpha")
+        w = b.exp2(b.sub(x, m_safe), name="w")
+        l_new = b.add(b.mul(l, alpha), b.reduce_sum(w, 0), name="l_new")
+        acc_new = b.add(b.mul(acc, alpha), b.reduce_sum(b.mul(b.expand_dims(w, 1), o_s), 0), name="acc_new")
+        loop.yield_(m_new, l_new, b.maximum(top, b.reduce_max(lse_s, 0)), acc_new)
+    m, l, top, acc = loop.results
+    l_safe = b.where(b.eq(l, 0.0), 1.0, l)
+    m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
+    lse2 = b.where(b.eq(l, 0.0), float("-inf"), b.add(m_safe, b.log2(l_safe)))
+    lse2 = b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
+    batch, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
+    out_type = out.type
+    assert isinstance(out_type, TensorType)
+    o_offs = b.add(b.mul(q, o_arg.strides[2]), b.mul(d, o_arg.strides[3]))
+    b.store(o_arg.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type.element_type), mask=d_ok)
+    b.store(lse_arg.base(b, batch, head), b.mul(q, lse_arg.strides[2]), b.mul(lse2, LN2))
+    return b.finish(), sig.host_operands()
+
+
+def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:
+    """i64 offsets of row `slot` of each split in a [splits, slots, ...] workspace."""
+    return b.add(b.mul(b.to_i64(splits), b.to_i64(arg.strides[0])), b.to_i64(b.mul(slot, arg.strides[1])))
+
+
+__all__ = ["COMBINE_SPLITS", "build_combine"]

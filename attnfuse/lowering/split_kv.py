@@ -1,0 +1,279 @@
+"""Split-KV decoding: the split kernel, the combine kernel and the host code that picks them.
+
+For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
+
+* `@f_split_kv`, grid `[splits, B * Hkv, 1]`: one program per (split, batch, KV head)
+  packs the query rows of the G heads of its KV head into one tile (row `r` is query
+  `r / G` of head `kv_head * G + r % G`), walks its share of the KV blocks the tile plan
+  visits (the same band loops, masked / full / masked, cut at the split's bounds) and
+  writes a partial output (fp32, normalised) and its base-2 log-sum-exp to a workspace.
+  Split 0 starts its state from the sink logits, so the sinks count once. With one split
+  the program writes `out` and `lse` itself.
+* `@f_split_kv_combine`, grid `[Sq, B * Hq, 1]`: merges the partial results of one query
+  row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
+* Host code: the split count (`auto`: about `waves` programs per SM, at least
+  `min_blocks` KV blocks per split; computed from `host.sm_count` once per launch plan)
+  and the choice of path: calls whose `Sq * G` rows fit one tile run the split kernel
+  (and the combine when there is more than one split); other calls run the usual forward
+  kernel. A zero grid launches nothing.
+
+Every score op sees each packed row with its own head and query index, so ALiBi, bias
+tensors, score_mod regions, masks (bands bottom-right or top-left, windows, documents,
+custom predicates) and in-kernel Q/K transforms keep their meaning.
+
+```mlir
+%decoding = arith.cmpi sle, %packed_rows, %c64 : i32
+...
+host.launch @f_split_kv[%split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part) : ...
+host.launch @f_split_kv_combine[%combine_grid, %combine_bh, %one] (%o_part, %lse_part, %out, %lse, %q_len, %split_grid) : ...
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.analysis.tile_plan import k_transformed_in_kernel
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
+from attnfuse.dialects.host import SmCountOp
+from attnfuse.dialects.tile import KernelOp
+from attnfuse.dialects.tile_builder import Value
+from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel, ForwardSpec
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.qk_side import padded
+from attnfuse.lowering.signature import TensorArg
+from attnfuse.lowering.split_combine import build_combine
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET
+
+
+def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
+    """Pipeline depth (<= 3) whose tiles fit half of `SHARED_MEMORY_BUDGET`, so that two
+    programs share an SM: the packed Q tile plus a K and a V tile per stage (and two
+    K-sized buffers when K is transformed in the kernel), as `pipeline_stages` counts for
+    the forward kernel."""
+    q_type, v_type = spec.q.type, spec.v.type
+    assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
+    elem = 4 if q_type.element_type == f32 else 2
+    d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
+    fixed = elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
+    for stages in (3, 2):
+        if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_BUDGET // 2:
+            return stages
+    return 1
+
+
+def split_warps(spec: ForwardSpec, rows: int) -> int:
+    """4 warps for 16-bit tiles of up to 64 x 128 (packed rows x padded head dim), else 8
+    (f32 dots run on FMA units and hold their tiles in registers)."""
+    q_type, v_type = spec.q.type, spec.v.type
+    assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
+    width = padded(max(q_type.get_shape()[3], v_type.get_shape()[3]))
+    return 4 if rows * width <= 64 * 128 and q_type.element_type != f32 else 8
+
+
+class SplitKernel(ForwardKernel):
+    """The split kernel (see the module docstring); reuses the forward kernel's KV walk."""
+
+    def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr, o_part: SSAValue,
+                 lse_part: SSAValue) -> None:
+        super().__init__(spec, name)
+        self.group = plan.group.data
+        self.o_part = self.sig.tensor("Opart", o_part)
+        self.lse_part = self.sig.tensor("LSEpart", lse_part)
+
+    def build(self) -> KernelOp:
+        spec = self.spec
+        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        self.b = b
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        split = b.program_id(0, name="split")
+        pid_bh = b.program_id(1, name="pid_bh")
+        batch = b.div(pid_bh, self.hk, name="batch")
+        kv_head = b.rem(pid_bh, self.hk, name="kv_head")
+        packed = b.arange(0, self.block_m, name="packed")
+        rows = b.div(packed, self.group, name="rows")
+        head = b.add(b.mul(kv_head, self.group), b.rem(packed, self.group), name="head")
+        row_ok = b.lt(rows, q_len, name="row_ok")
+        self.coords = (batch, b.expand_dims(head, 1), rows, q_len, kv_len)
+
+        self._packed_q(batch, head, rows, row_ok)
+        self.k_base = self.k_arg.base(b, batch, kv_head)
+        self.v_base = self.v_arg.base(b, batch, kv_head)
+        self.seed_bh = None
+        state, sink2 = self._start(split, head)
+        ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
+        split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
+        for start, end, full in ranges:
+            state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
+        m_i, l_i, acc = state
+        l_safe = b.where(b.eq(l_i, 0.0), 1.0, l_i)
+        out = b.div(acc, b.expand_dims(l_safe, 1), name="out")
+        lse2 = b.where(b.eq(l_i, 0.0), float("-inf"), b.add(m_i, b.log2(l_safe)), name="lse2")
+        if sink2 is not None:
+            lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
+        self._store(split, batch, head, rows, row_ok, out, lse2)
+        return b.finish()
+
+    def _split_keys(self, split: SSAValue, lo: Value, hi: Value) -> tuple[SSAValue, SSAValue]:
+        """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)."""
+        b = self.b
+        blocks = b.cdiv(b.maximum(b.sub(hi, lo), 0), self.block_n)
+        keys = b.mul(b.cdiv(blocks, b.num_programs(0)), self.block_n, name="split_keys")
+        split_lo = b.add(lo, b.mul(split, keys), name="split_lo")
+        return split_lo, b.minimum(b.add(split_lo, keys), hi, name="split_hi")
+
+    def _store(self, split: SSAValue, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue,
+               out: SSAValue, lse2: SSAValue) -> None:
+        """One split: `out` and `lse` (natural log); several: the workspace row `slot` =
+        `(batch * Hq + head) * Sq + query` of this split (fp32 output, base-2 lse)."""
+        b = self.b
+        assert self.q_len_arg.value is not None and self.lse_arg is not None
+        d = b.arange(0, padded(self.v_dim))
+        mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
+        alone = b.if_(b.eq(b.num_programs(0), 1, name="one_split"))
+        with alone.then_():
+            o_base, o_rows = self._packed_rows(self.o_arg, batch, head, rows)
+            offs = b.add(b.expand_dims(o_rows, 1), b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
+            b.store(o_base, offs, b.cast(out, self._dtype(self.spec.out)), mask=mask)
+            lse_base, lse_rows = self._packed_rows(self.lse_arg, batch, head, rows)
+            b.store(lse_base, lse_rows, b.mul(lse2, LN2), mask=row_ok)
+        with alone.else_():
+            slot = b.add(b.mul(b.add(b.mul(batch, self.hq), head), self.q_len_arg.value), rows, name="slot")
+            offs = b.add(b.expand_dims(b.mul(slot, self.o_part.strides[1]), 1),
+                         b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
+            b.store(self.o_part.base(b, split), offs, out, mask=mask)
+            b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
+
+    def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
+                     rows: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """(batch base, [R] i64 offsets) of the packed rows in a [B, Hq, Sq, ...] tensor."""
+        b = self.b
+        offs = b.add(b.mul(b.to_i64(head), b.to_i64(arg.strides[1])), b.mul(b.to_i64(rows), b.to_i64(arg.strides[2])))
+        return arg.base(b, batch), offs
+
+    def _packed_q(self, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue) -> None:
+        """Load the packed Q rows as the parts of the layout (transformed in fp32)."""
+        b, spec = self.b, self.spec
+        base, offs = self._packed_rows(self.q_arg, batch, head, rows)
+        parts: dict[str, SSAValue] = {}
+        for part in self.layout:
+            cols, in_range = part.columns(b)
+            at = b.add(b.expand_dims(offs, 1), b.expand_dims(b.mul(cols, self.q_arg.strides[3]), 0))
+            mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(in_range, 0))
+            parts[part.role] = b.load(base, at, mask=mask, other=0.0, name=f"Q_{part.role}")
+        if spec.q_transforms:
+            dtype = self._dtype(spec.q)
+            q32 = {r: b.cast(t, f32) for r, t in parts.items()}
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+        self.q_parts = parts
+
+    def _start(self, split: SSAValue, head: SSAValue) -> tuple[list[SSAValue], SSAValue | None]:
+        """The initial (m, l, acc) and the base-2 sink of each row (None without sinks):
+        split 0 starts from the sinks (`m = sink, l = 1`), the others from nothing."""
+        b, rows = self.b, self.block_m
+        acc = b.zeros((rows, padded(self.v_dim)), f32, name="acc")
+        if self.sinks_arg is None:
+            return [b.full((rows,), float("-inf"), f32, name="m_i"), b.zeros((rows,), f32, name="l_i"), acc], None
+        assert self.sinks_arg.ptr is not None
+        sink = b.cast(b.load(self.sinks_arg.ptr, b.mul(head, self.sinks_arg.strides[0])), f32, name="sink")
+        first = b.eq(split, 0)
+        # A finite start for a +inf sink keeps the online rescaling free of inf - inf.
+        m_i = b.where(first, b.mul(b.minimum(sink, SINK_START_MAX), LOG2E), float("-inf"), name="m_i")
+        l_i = b.broadcast_to(b.where(first, 1.0, 0.0), (rows,), name="l_i")
+        sink2 = b.where(first, b.mul(sink, LOG2E), float("-inf"), name="sink2")
+        return [m_i, l_i, acc], sink2
+
+
+@dataclass
+class SplitKVPath:
+    """The kernels of the split-KV path and the host value saying a call takes it."""
+
+    kernels: list[Operation]
+    decoding: SSAValue
+    """i1: this call's packed rows fit one tile, so the split kernel serves it."""
+
+    def unless_decoding(self, host: HostCode, grid: SSAValue, name: str) -> SSAValue:
+        """`grid` for calls that do not decode, 0 (nothing launched) for those that do."""
+        return host.emit(arith.SelectOp(self.decoding, host.const(0), grid), name)
+
+
+def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: str, one: SSAValue) -> SplitKVPath:
+    """Emit the host code of the split-KV path and build its two kernels."""
+    hq, hk, _ = spec.program.heads
+    online = spec.program.online
+    assert online is not None and spec.lse is not None
+    rows, block_n = plan.rows.data, plan.block_n.data
+    packed_rows = host.mul(spec.q_len, plan.group.data, "packed_rows")
+    decoding = host.emit(arith.CmpiOp(packed_rows, host.const(rows), "sle"), "decoding")
+    splits = _split_count(host, spec, plan)
+    split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
+    assert isinstance(spec.v.type, TensorType)
+    v_dim = spec.v.type.get_shape()[3]
+    # One workspace row per (batch, head, query), padded so that the split stride is a
+    # multiple of 16 whatever the split count; none for calls that do not decode.
+    slots = host.emit(arith.MuliOp(host.mul(spec.batch, hq, "slot_bh"), spec.q_len), "slots")
+    slots = host.mul(host.cdiv(slots, 16, "slot_tiles"), 16, "slots_padded")
+    slots = host.emit(arith.SelectOp(decoding, slots, host.const(0)), "workspace_slots")
+    o_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX, padded(v_dim)]),
+                        {0: split_grid, 1: slots}, "o_part")
+    lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
+    split_spec = dataclasses.replace(
+        spec, block_m=rows, block_n=block_n, block_map=None,
+        # Without an exact band every mask is applied to every tile (no block map here).
+        planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
+        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
+        launch={"role": StringAttr("split_kv")})
+    name = f"{fname}_split_kv"
+    kernel = SplitKernel(split_spec, name, plan, o_part, lse_part)
+    kernels: list[Operation] = [kernel.build()]
+    host.launch(name, [split_grid, host.mul(spec.batch, hk, "split_bh"), one], kernel.sig.host_operands())
+    several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
+    combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
+    combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
+                                      split_grid, hq, v_dim)
+    kernels.append(combine)
+    host.launch(f"{name}_combine", [combine_grid, host.mul(spec.batch, hq, "combine_bh"), one], operands)
+    return SplitKVPath(kernels, decoding)
+
+
+def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:
+    """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
+    keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
+    down: a partly filled last wave would take as long as a full one), each split at
+    least `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited,
+    and rounded so that no split is empty."""
+    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
+                                     host.const(1)), "kv_blocks")
+    if plan.is_auto():
+        programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
+                                           host.const(1)), "programs")
+        per_sm = host.mul(host.emit(SmCountOp(), "sms"), plan.waves.data, "target_programs")
+        by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
+        by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
+        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MinSIOp(by_sms, by_work)), host.const(1)), "splits_wanted")
+    else:
+        wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
+    per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
+    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits")
+
+
+def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
+    """Keys the packed tile's band can reach: `min(Skv, Sq + upper - lower)` for a band
+    bounded on both sides (a sliding window) and no prefix, else `Skv`."""
+    online = spec.program.online
+    assert online is not None
+    lower, upper = online.plan.get_band()
+    if lower is None or upper is None or online.plan.get_prefix() is not None:
+        return spec.kv_len
+    reach = host.emit(arith.AddiOp(spec.q_len, host.const(upper - lower)), "band_keys")
+    return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
+
+
+__all__ = ["SplitKVPath", "SplitKernel", "lower_split_kv", "split_stages", "split_warps"]

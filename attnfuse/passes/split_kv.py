@@ -1,0 +1,91 @@
+"""`split-kv{splits=auto}`: plan split-KV decoding for programs whose blocks allow it.
+
+Records a `#attn.split_kv` on the `attn.online_softmax` of every program that can run
+split over its keys with the query rows of a GQA group packed into one tile
+(`attnfuse.analysis.split_kv`). `lower-to-tile` then builds a split kernel and a
+combine kernel next to the usual forward kernel, and host code that runs them for calls
+with few queries (`Sq * group <= rows`) and the usual kernel otherwise. A program that
+cannot be split (dropout; V heads other than K heads; a group too large for a tile) is
+left as it is, and the reason is logged (logger `attnfuse.passes.split_kv`, INFO).
+
+```mlir
+%o = attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<128x128, band [?, 0] bottom_right, exact>} : ...
+```
+becomes, with 32 query heads over 8 KV heads,
+```mlir
+%o = attn.online_softmax %m, %v {tile_plan = ...,
+    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>} : ...
+```
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from attnfuse.analysis.split_kv import decode_tiles, default_rows, split_kv_blocker
+from attnfuse.dialects.attn_split_kv import AUTO, SplitKVAttr
+from attnfuse.program import ProgramError, analyze, find_functions
+
+logger = logging.getLogger(__name__)
+
+
+def _check_pow2(value: int, what: str) -> None:
+    if value and (value < 16 or value & (value - 1)):
+        raise ValueError(f"split-kv: {what} must be a power of two >= 16, got {value}")
+
+
+@dataclass(frozen=True)
+class SplitKVPass(ModulePass):
+    """Plan split-KV decoding (`#attn.split_kv`) for every program that allows it."""
+
+    name = "split-kv"
+    requires: ClassVar[tuple[str, ...]] = ("online-softmax", "mask-tiling")
+
+    splits: int | str = "auto"
+    """`auto`: the host code picks the split count per call shape from the batch, the KV
+    heads, the keys visited and the device's SM count; or a fixed count (>= 1)."""
+    rows: int = 0
+    """Packed query rows per tile (a power of two >= 16); 0 picks `16 * group`, at most
+    128 (16-bit inputs, head dims <= 128), 64 (wider heads) or 32 (f32)."""
+    block_n: int = 0
+    """Keys per KV block; 0 picks 64 (16-bit inputs, head dims <= 128), 32 or 16 (f32)."""
+    waves: int = 2
+    """`auto` aims at this many programs per SM."""
+    min_blocks: int = 2
+    """`auto` gives each split at least this many KV blocks."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        splits = self._splits()
+        _check_pow2(self.rows, "rows")
+        _check_pow2(self.block_n, "block-n")
+        for value, what in ((self.waves, "waves"), (self.min_blocks, "min-blocks")):
+            if value < 1:
+                raise ValueError(f"split-kv: {what} must be >= 1, got {value}")
+        for function in find_functions(op):
+            program = analyze(function)
+            online = program.online
+            if online is None or online.tile_plan is None:
+                raise ProgramError("split-kv runs after online-softmax and mask-tiling", program.scores)
+            rows = self.rows or default_rows(program)
+            reason = split_kv_blocker(program, rows)
+            if reason is not None:
+                logger.info("@%s: no split-KV decoding (the usual forward kernel serves every call): %s",
+                            function.sym_name.data, reason)
+                continue
+            hq, hk, _ = program.heads
+            online.properties["split_kv"] = SplitKVAttr(
+                rows, self.block_n or decode_tiles(program)[1], group=hq // hk, splits=splits,
+                waves=self.waves, min_blocks=self.min_blocks)
+
+    def _splits(self) -> int:
+        if self.splits == "auto":
+            return AUTO
+        if isinstance(self.splits, int) and self.splits >= 1:
+            return self.splits
+        raise ValueError(f"split-kv: splits must be auto or a count >= 1, got {self.splits}")

@@ -1,0 +1,326 @@
+"""Split-KV decoding (`split-kv`, `attnfuse/lowering/split_kv.py`) through the interpreter.
+
+A few new queries (Sq = 1, 4, 16) against longer KV caches, bottom-right causal unless a
+test says otherwise; the query heads of a GQA group (1, 4, 8) are packed into one tile.
+Key counts are not multiples of the 16-key block nor of the split size (1, 37, 100 keys
+make 1, 3 and 7 blocks: one, two and four splits). Every output is compared with the
+float64 reference within PyTorch's own error in the same dtype, and the lse with the
+reference's to fp32 precision (`split_kv_check.check_decode`); each test also checks that
+the split kernel served the call (or, where a test says so, the usual forward kernel).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from programs import Builder, Program
+from split_kv_check import check_decode, compile_split, launches
+
+import attnfuse
+from attnfuse import reference
+from attnfuse.backends.triton.metadata import KernelMetadata
+from attnfuse.dialects.host import LaunchOp
+from attnfuse.pass_manager import PassManager, make_context
+from attnfuse.reference import parse_program
+from attnfuse.runtime.host import INTERPRETER_SM_COUNT, call_signature
+from attnfuse.testing import assert_grad_close
+
+BR = {"align": "bottom_right"}
+GROUPS = {1: (2, 2), 4: (8, 2), 8: (8, 1)}
+
+
+def causal(hq: int = 8, hkv: int = 2, d: int = 32, dtype: str = "f16", **kw: Any) -> Builder:
+    return Builder(hq=hq, hkv=hkv, d=d, dtype=dtype, **kw)
+
+
+# ============================================================================ shapes
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("q_len", [1, 4, 16])
+def test_decode_shapes(q_len: int, group: int, dtype: str) -> None:
+    """16 queries of every head of a group in one tile (`rows = 16 * group`; by default
+    f32 tiles stop at 32 rows, which only registers on a GPU require)."""
+    hq, hkv = GROUPS[group]
+    p = causal(hq, hkv, 64, dtype).mask("causal", **BR).build()
+    for kv_len in (1, 37, 100):
+        check_decode(p, 2, q_len, kv_len, seed=kv_len, options=f"rows={16 * group}")
+
+
+def test_more_queries_than_a_tile_run_the_forward_kernel() -> None:
+    """17 queries x 4 heads exceed the 64 packed rows: the usual kernel, same program."""
+    p = causal().mask("causal", **BR).build()
+    check_decode(p, 2, 17, 40, split=False)
+    check_decode(p, 1, 16, 40)
+
+
+def test_more_queries_than_keys() -> None:
+    """Bottom-right with Sq > Skv: the first rows see no key (out 0, lse -inf)."""
+    p = causal().mask("causal", **BR).build()
+    _, lse = check_decode(p, 2, 6, 3)
+    assert torch.isneginf(lse[:, :, :3]).all()
+
+
+def test_different_value_head_dim() -> None:
+    p = Builder(hq=4, hkv=2, d=32, dv=48, dtype="f16").mask("causal", **BR).build()
+    check_decode(p, 2, 4, 70)
+
+
+# ============================================================================ Q/K transforms
+
+
+def _cache_positions(rank: int) -> Any:
+    """Positions `Skv - Sq + i` of the new queries ([Sq] or [B, Sq])."""
+    def gen(g: torch.Generator, b: int, sq: int, skv: int) -> torch.Tensor:
+        pos = torch.arange(skv - sq, skv, dtype=torch.int32)
+        return pos if rank == 1 else pos.repeat(b, 1)
+
+    return gen
+
+
+@pytest.mark.parametrize("strategy", ["fused", "hybrid", "separate"])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_rope_on_new_queries_at_cache_offset(rank: int, strategy: str) -> None:
+    """The cache holds rotated keys; the new queries are rotated at positions Skv - Sq + i."""
+    b = causal()
+    pos = b.arg("pos", "tensor<?xi32>" if rank == 1 else "tensor<?x?xi32>", _cache_positions(rank))
+    p = b.rope("q", positions=pos, theta=10000.0).mask("causal", **BR).build()
+    for q_len, kv_len in ((1, 45), (4, 37)):
+        check_decode(p, 2, q_len, kv_len, strategy=strategy, exact_lse=False)
+
+
+@pytest.mark.parametrize("strategy", ["fused", "hybrid"])
+def test_rope_on_both_sides(strategy: str) -> None:
+    """Q at the cache offset, K at its own positions; `fused` rotates each K tile in the
+    split kernel, `hybrid` in a pre-kernel."""
+    b = causal()
+    qpos = b.arg("qpos", "tensor<?x?xi32>", _cache_positions(2))
+    kpos = b.positions(1, name="kpos", seq="kv")
+    b.rope("q", positions=qpos, style="interleaved").rope("k", positions=kpos, style="interleaved")
+    p = b.mask("causal", **BR).build()
+    check_decode(p, 2, 4, 45, strategy=strategy, exact_lse=False)
+
+
+def test_rope_static_offset_and_qk_norm() -> None:
+    """Qwen3-style QK-norm then RoPE on both sides, positions index + offset."""
+    p = causal().qk_norm(weight="f32").rope(offset=7, theta=1000000.0).mask("causal", **BR).build()
+    check_decode(p, 2, 4, 37, exact_lse=False)
+
+
+# ============================================================================ score ops
+
+
+def _score_mod_program() -> Program:
+    """A per-head table times the distance: reads h, q_idx and kv_idx."""
+    b = causal()
+    tab = b.table("tab", 8)
+    b.score_mod(
+        """
+        %w$ = tensor.extract %c0$[%h$] : tensor<8xf32>
+        %d$ = arith.subi %kv$, %q$ : index
+        %di$ = arith.index_cast %d$ : index to i32
+        %df$ = arith.sitofp %di$ : i32 to f32
+        %p$ = arith.mulf %w$, %df$ : f32
+        %c$ = arith.constant 0.05 : f32
+        %s$ = arith.mulf %p$, %c$ : f32
+        %y$ = arith.addf %x$, %s$ : f32
+        attn.yield %y$ : f32
+    """,
+        tab,
+    )
+    return b.mask("causal", **BR).build()
+
+
+def _head_mask_program() -> Program:
+    """A per-head lower bound on kv_idx: a runtime block map per head."""
+    b = causal()
+    lim = b.table("lim", 8, "i32")
+    b.custom_mask(
+        """
+        %n$ = tensor.extract %c0$[%h$] : tensor<8xi32>
+        %ni$ = arith.index_cast %n$ : i32 to index
+        %keep$ = arith.cmpi sge, %kv$, %ni$ : index
+        attn.yield %keep$ : i1
+    """,
+        lim,
+    )
+    return b.build()
+
+
+def _document_program() -> Program:
+    b = causal()
+    qd, kd = b.doc_ids("qdoc", seq="q"), b.doc_ids("kdoc", seq="kv")
+    return b.mask("document", qd, kd).build()
+
+
+BLOCKS: dict[str, Any] = {
+    "no_mask": lambda: causal().build(),
+    "top_left_causal": lambda: causal().mask("causal").build(),
+    "window": lambda: causal().mask("sliding_window", left=20, right=0, **BR).build(),
+    "window_sinks": lambda: causal().mask("causal", **BR).mask("sliding_window", left=30, **BR).build(sinks=True),
+    "sinks_lse": lambda: causal().mask("causal", **BR).build(sinks=True, lse=True),
+    "softcap": lambda: causal().softcap(5.0).mask("causal", **BR).build(),
+    "alibi": lambda: causal().alibi().mask("causal", **BR).build(),
+    "alibi_slopes": lambda: causal().alibi(slopes=True).mask("causal", **BR).build(),
+    "bias": lambda: causal().bias(("?", 8, "?", "?")).mask("causal", **BR).build(),
+    "bias_broadcast": lambda: causal().bias((1, 8, 1, "?")).mask("causal", **BR).build(),
+    "score_mod": _score_mod_program,
+    "head_mask": _head_mask_program,
+    "document": _document_program,
+    "prefix_static": lambda: causal().mask("prefix_lm", prefix=20).build(),
+    "prefix_operand": lambda: (lambda b: b.mask("prefix_lm", b.prefix_lengths()).build())(causal()),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*aligned top-left")
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_building_block(block: str) -> None:
+    p = BLOCKS[block]()
+    for q_len, kv_len in ((1, 53), (4, 70), (16, 37)):
+        check_decode(p, 2, q_len, kv_len, seed=q_len)
+
+
+def test_window_splits_the_band_not_the_cache() -> None:
+    """A 24-key window over 300 keys: the host code sizes the split count from the 28
+    keys the band reaches (two blocks: one split), not from the 300 cached keys."""
+    p = causal().mask("sliding_window", left=23, right=0, **BR).build()
+    args = p.inputs(1, 4, 300, 0)
+    check_decode(p, 1, 4, 300, args=args)
+    assert launches(compile_split(p.text), args)["f_split_kv"][0] == 1
+
+
+def test_infinite_sink() -> None:
+    """A +inf sink outweighs every score: out 0 and lse +inf for its head, never NaN,
+    whichever split holds it; other heads exact."""
+    p = causal().mask("causal", **BR).build(sinks=True, lse=True)
+    args = p.inputs(2, 4, 70, 1)
+    args[3] = torch.tensor([float("inf"), 0.3, -1.0, 2.0, 0.0, 1.0, float("inf"), -2.0])
+    out, lse = compile_split(p.text)(*args)
+    assert launches(compile_split(p.text), args)["f_split_kv"][0] > 1
+    for h in (0, 6):
+        assert (out[:, h] == 0).all() and torch.isposinf(lse[:, h]).all()
+    check_decode(p, 2, 4, 70, args=args)
+
+
+# ============================================================================ fallbacks
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: causal(dtype="f32").mask("causal", **BR).build(dropout=0.1), "dropout"),
+        (lambda: Builder(hq=8, hkv=4, hv=2, d=32).mask("causal", **BR).build(), "V has 2 heads and K 4"),
+    ],
+    ids=["dropout", "v_heads"],
+)
+def test_fallback_says_why(make: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A program the split kernel cannot serve keeps the usual forward kernel for every
+    call, and the pass logs why."""
+    p = make()
+    with caplog.at_level(logging.INFO, logger="attnfuse.passes.split_kv"):
+        module = parse_program(p.text)
+        PassManager("rope-fusion,online-softmax,mask-tiling,split-kv,lower-to-tile").run(module, make_context())
+    assert any(reason in r.getMessage() and "no split-KV" in r.getMessage() for r in caplog.records)
+    assert "split_kv" not in str(module)
+    if "dropout" not in reason:
+        check_decode(p, 2, 4, 37, split=False)
+
+
+def test_group_larger_than_the_tile_falls_back(caplog: pytest.LogCaptureFixture) -> None:
+    p = causal(hq=32, hkv=1).mask("causal", **BR).build()
+    with caplog.at_level(logging.INFO, logger="attnfuse.passes.split_kv"):
+        PassManager("online-softmax,mask-tiling,split-kv{rows=16}").run(parse_program(p.text), make_context())
+    assert any("GQA group of 32 query heads does not fit a tile of 16 rows" in r.getMessage() for r in caplog.records)
+    check_decode(p, 1, 1, 37, options="rows=16", split=False)
+
+
+# ============================================================================ training
+
+
+def test_backward_uses_the_exact_lse() -> None:
+    """A small training step: the forward of 3 queries runs split (the lse comes from the
+    combine kernel), the backward (unchanged, no split kernels) reproduces the reference
+    gradients of q, k, v and the sinks."""
+    p = Builder(hq=4, hkv=2, d=32).rope().alibi().mask("causal", **BR).build(sinks=True)
+    pipe = (
+        "attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},"
+        "split-kv{block-n=16},lower-backward{block-m=16 block-n=16},lower-to-tile"
+    )
+    fn = attnfuse.compile(p.text, pipeline=pipe)
+    assert fn._backward is not None  # noqa: SLF001
+    backward = [op.kernel.root_reference.data for op in fn._backward.ops if isinstance(op, LaunchOp)]  # noqa: SLF001
+    assert "f_bwd_dq" in backward and not any("split" in name for name in backward), backward
+    args = p.inputs(2, 3, 45, seed=1)
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*leaves)
+    assert "f_split_kv_combine" in launches(fn, args)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    out.backward(g)
+    refs = [a.detach().double().requires_grad_(True) for a in args]
+    reference.run(p.text, *refs).backward(g.double())
+    for leaf, ref, name in zip(leaves, refs, ("q", "k", "v", "sinks")):
+        assert_grad_close(leaf.grad, ref.grad, torch.float32, name)
+
+
+# ============================================================================ the split count
+
+
+def _specialization(meta: KernelMetadata, template: list[Any]) -> tuple[Any, ...]:
+    """What Triton specializes a kernel on among its integer arguments: whether each
+    one that is not `do_not_specialize` equals 1 or is a multiple of 16."""
+    return tuple(
+        (name, value == 1, value % 16 == 0)
+        for name, value in zip(meta.arg_names, template)
+        if isinstance(value, int) and name not in meta.do_not_specialize
+    )
+
+
+def test_split_count_follows_the_shape_not_the_kernel() -> None:
+    """`auto` picks the split count per shape class from B, the KV heads, the keys and the
+    SM count (132 in the interpreter: at most 2 x 132 programs of B x 4 KV heads, at
+    least 2 blocks of 16 keys per split, no empty split); the split and combine kernels
+    are the same objects with the same specialization for every count, so a GPU compiles
+    them once. (16 query heads keep every stride a multiple of 16 whatever the batch.)"""
+    p = causal(hq=16, hkv=4).mask("causal", **BR).build()
+    fn = compile_split(p.text)
+    assert INTERPRETER_SM_COUNT == 132
+    expected = {(1, 16): 1, (1, 100): 4, (1, 300): 10, (20, 100): 3, (40, 100): 1}
+    seen: dict[tuple[int, int], int] = {}
+    kernels, keys = set(), set()
+    for (batch, kv_len), splits in expected.items():
+        args = p.inputs(batch, 1, kv_len, 0)
+        fn(*args)
+        plan = fn._host.plan(call_signature(args))  # noqa: SLF001
+        assert plan is not None
+        for step in plan.steps:
+            if hasattr(step, "meta") and step.meta.name.startswith("f_split_kv"):
+                kernels.add((step.meta.name, id(step.kernel)))
+                keys.add((step.meta.name, _specialization(step.meta, step.template)))
+                if step.meta.name == "f_split_kv":
+                    seen[(batch, kv_len)] = step.grid[0]
+    assert seen == expected
+    assert len(kernels) == len(keys) == 2, keys
+    for name in ("B", "Sq", "Skv"):
+        assert name in fn._host.metadata["f_split_kv"].do_not_specialize  # noqa: SLF001
+    assert "splits" in fn._host.metadata["f_split_kv_combine"].do_not_specialize  # noqa: SLF001
+
+
+def test_fixed_split_count() -> None:
+    """`split-kv{splits=3}`: three splits where the keys allow, one per block below."""
+    p = causal().mask("causal", **BR).build()
+    for kv_len, splits in ((100, 3), (20, 2)):
+        args = p.inputs(2, 4, kv_len, 0)
+        check_decode(p, 2, 4, kv_len, args=args, options="splits=3")
+        assert launches(compile_split(p.text, options="splits=3"), args)["f_split_kv"][0] == splits
+
+
+def test_more_splits_than_one_combine_step() -> None:
+    """38 splits: the combine kernel merges them 16 at a time, rescaling what it has."""
+    p = causal().mask("causal", **BR).build(sinks=True, lse=True)
+    args = p.inputs(1, 4, 600, 2)
+    check_decode(p, 1, 4, 600, args=args, options="splits=40")
+    assert launches(compile_split(p.text, options="splits=40"), args)["f_split_kv"][0] == 38
