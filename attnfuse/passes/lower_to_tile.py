@@ -5,6 +5,7 @@ Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
 
 * a pre-kernel per side whose transforms were placed in a `prekernel`,
 * a block-map kernel when the tile plan asks for a runtime block map,
+* the schedule kernels of a packed batch (see `attnfuse.lowering.varlen`),
 * the fused forward kernel (see `attnfuse.lowering.forward`),
 
 and rewrites the function body into host code (`host.dim`, `host.alloc`,
@@ -44,6 +45,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
+from attnfuse.analysis.packing import packed_batch
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
@@ -53,6 +55,7 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
+from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -164,6 +167,9 @@ class LowerToTilePass(ModulePass):
         kv_len = host.emit(DimOp(k, 2), "kv_len")
         one = host.const(1, "one")
         kernels: list[Operation] = []
+        packing = packed_batch(program)
+        packed = PackedHost(host, fname, args[program.arg(packing.cu_q)], args[program.arg(packing.cu_k)],
+                            q_len, kv_len) if packing is not None else None
 
         def inv_freq(rope: RopeOp) -> SSAValue:
             return host.table(rope_inverse_frequencies(rope))
@@ -177,9 +183,12 @@ class LowerToTilePass(ModulePass):
             assert isinstance(source.type, TensorType)
             target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
             name = f"{fname}_{tag}_prologue"
-            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables)
+            rows = packed.rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, target)}) if packed else None
+            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables,
+                                               packed=rows)
             heads = source.type.get_shape()[1]
-            grid = [host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s"), host.mul(batch, heads, f"{tag}_grid_bh"), one]
+            grid_s = rows.schedule.slots if rows else host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s")
+            grid = [grid_s, host.mul(batch, heads, f"{tag}_grid_bh"), one]
             host.launch(name, grid, operands)
             kernels.append(kernel)
             if tag == "q":
@@ -201,7 +210,7 @@ class LowerToTilePass(ModulePass):
             online.plan.is_exact() or online.plan.has_runtime_block_map()
         ) else set()
         block_map: BlockMap | None = None
-        if online.plan.has_runtime_block_map():
+        if online.plan.has_runtime_block_map() and packed is None:  # packed: every tile of a sequence
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
@@ -214,12 +223,16 @@ class LowerToTilePass(ModulePass):
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
+            packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
         if tables is not None:
             kernels.extend(tables.kernels)
-        grid = [host.cdiv(q_len, block_m, "grid_m"), host.mul(batch, hq, "grid_bh"), one]
+        if packed is not None:
+            kernels.extend(packed.kernels)
+        grid_m = spec.packed.schedule.slots if spec.packed else host.cdiv(q_len, block_m, "grid_m")
+        grid = [grid_m, host.mul(batch, hq, "grid_bh"), one]
         host.launch(f"{fname}_fwd", grid, forward.sig.host_operands())
 
         ret = function.body.block.last_op
