@@ -185,7 +185,7 @@ class _Builder:
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = None
-        if self.online.plan.has_runtime_block_map() and self.packed is None:
+        if self.online.plan.has_runtime_block_map():
             block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
                                                     one, f"{self.name}_bwd", remap=self.remap,
                                                     blocks=(self.block_m, self.block_n))

@@ -210,7 +210,7 @@ class LowerToTilePass(ModulePass):
             online.plan.is_exact() or online.plan.has_runtime_block_map()
         ) else set()
         block_map: BlockMap | None = None
-        if online.plan.has_runtime_block_map() and packed is None:  # packed: every tile of a sequence
+        if online.plan.has_runtime_block_map():
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None

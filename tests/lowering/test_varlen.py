@@ -98,3 +98,16 @@ def test_lengths_change_without_recompiling() -> None:
         out, _ = fn(*args)
         assert_close(out, reference.run(case.program().source, *args)[0])
     assert fn._host.plan_count() == 3  # noqa: SLF001
+
+
+def test_custom_mask_and_score_mod_read_the_sequence() -> None:
+    """`b` of a mask_mod / score_mod is the sequence; a predicate the compiler cannot bound
+    (a runtime block map when unpacked) runs on every tile of its sequence instead."""
+    text = (attnfuse.attention(2, 16, dtype="f32").mask_mod(lambda b, h, q, kv: (kv <= q + b) & ((q + kv) % 3 != 1))
+            .score_mod(lambda s, b, h, q, kv: s + 0.25 * b - 0.01 * (q - kv)).packed().lse().build().source)
+    fn = attnfuse.compile(text, pipeline=pipeline("fused"))
+    args = Case((21, 3, 1, 18), (5, 40, 1, 17), hq=2, hkv=2, d=16).inputs(2)
+    out, lse = fn(*args)
+    want, want_lse = reference.run(text, *args)
+    assert_close(out, want)
+    assert_close(lse, want_lse, torch.float32)
