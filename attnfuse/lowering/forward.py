@@ -217,14 +217,15 @@ class ForwardKernel:
         assert q_len is not None and kv_len is not None
         pid_m = q_block = b.program_id(0, name="pid_m")
         lower, upper = self.online.plan.get_band()
+        sequence: SSAValue | None = None
         if self.view is not None:
             at = self.view.enter(b, pid_m)
-            q_block, q_len, kv_len = at.block, at.q_len, at.kv_len
+            sequence, q_block, q_len, kv_len = at.seq, at.block, at.q_len, at.kv_len
             assert q_len is not None and kv_len is not None
         elif upper is not None and lower is None:
             pid_m = q_block = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
         pid_bh = b.program_id(1, name="pid_bh")
-        batch = at.seq if self.view is not None else b.div(pid_bh, self.hq, name="batch")
+        batch = sequence if sequence is not None else b.div(pid_bh, self.hq, name="batch")
         head = b.rem(pid_bh, self.hq, name="head")
         kv_head = b.div(head, self.hq // self.hk, name="kv_head")
         v_head = b.div(head, self.hq // self.hv, name="v_head")
