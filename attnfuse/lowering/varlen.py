@@ -85,6 +85,7 @@ class PackedHost:
         self.kernels: list[Operation] = []
         self._kernels: dict[tuple[int, str], KernelOp] = {}
         self._schedules: dict[tuple[int, str], Schedule] = {}
+        self._entries: dict[str, tuple[SSAValue, SSAValue]] = {}
 
     def schedule(self, side: str, block: int) -> Schedule:
         """The schedule of `side`'s sequences in blocks of `block` rows (built once)."""
@@ -101,8 +102,10 @@ class PackedHost:
     def _build(self, side: str, block: int) -> Schedule:
         host = self.host
         cu = self.cu[side]
-        entries = host.emit(DimOp(cu, 0), f"cu_{side}_entries")
-        sequences = host.emit(arith.SubiOp(entries, host.const(1)), f"{side}_sequences")
+        if side not in self._entries:
+            entries = host.emit(DimOp(cu, 0), f"cu_{side}_entries")
+            self._entries[side] = entries, host.emit(arith.SubiOp(entries, host.const(1)), f"{side}_sequences")
+        entries, sequences = self._entries[side]
         spare = host.emit(arith.MuliOp(sequences, host.const(block - 1)))
         bound = host.emit(arith.AddiOp(self.tokens[side], spare))
         slots = host.emit(arith.DivSIOp(bound, host.const(block)), f"{side}_slots{block}")
@@ -189,7 +192,7 @@ class SequenceView:
         lengths: dict[str, SSAValue] = {}
         for side, cu in self.cu.items():
             assert cu.ptr is not None
-            start = b.load(cu.ptr, b.mul(seq, cu.strides[0]), mask=real, other=0, name=f"{side}_start")
+            start = b.load(cu.ptr, b.mul(seq, cu.strides[0]), mask=real, other=0, name=f"{side}_seq_start")
             end = b.load(cu.ptr, b.mul(b.add(seq, 1), cu.strides[0]), mask=real, other=0)
             lengths[side] = b.sub(end, start, name=f"{side}_seq_len")
             tensors = self.rows.q_rows if side == "q" else self.rows.k_rows
