@@ -12,8 +12,8 @@ schedule[t] = (-1, 0)             for the rest of the grid (padding slots)
 The grid's slot count is the bound `(T + N (BLOCK - 1)) // BLOCK` (T tokens, N
 sequences): it depends on shapes only, so launch plans stay per shape class and no
 length is read back to the host. A program reads its sequence's start and length
-(`SequenceView.enter`), moves the pointers of every per-token tensor to the sequence's
-first row, and then works on local rows: KV loop bounds, masks (causal / windows per
+(`SequenceView.enter`), offsets every per-token tensor by the sequence's first row
+(`TensorArg.row_start`), and then works on local rows: KV loop bounds, masks (causal / windows per
 sequence, bottom-right with the sequence's own lengths) and RoPE positions (the local row)
 all come out per sequence, and no tile crosses a sequence boundary. A padding slot has
 length 0: its loops are empty and its stores masked off.
@@ -181,8 +181,8 @@ class SequenceView:
         self.cu = {side: sig.tensor(f"cu_seqlens_{side}", sides[side]) for side in ("q", "k") if side in needed}
 
     def enter(self, b: TileBuilder, slot: SSAValue) -> SequenceCoords:
-        """Read slot `slot` of the schedule, the sequence's start and length per side, and
-        move the pointers of the per-token tensors to the sequence's first row."""
+        """Read slot `slot` of the schedule and the sequence's start and length per side;
+        the per-token tensors start at the sequence's first row from then on."""
         table = self.schedule
         assert table.ptr is not None
         row = b.mul(slot, table.strides[0])
@@ -198,12 +198,7 @@ class SequenceView:
             tensors = self.rows.q_rows if side == "q" else self.rows.k_rows
             for arg in self.sig.args:
                 if isinstance(arg, TensorArg) and any(arg.host is t for t in tensors):
-                    _move(b, arg, start)
+                    arg.row_start = start
         seq = b.maximum(seq, 0, name="seq")
         return SequenceCoords(seq, block, lengths.get("q"), lengths.get("k"), lengths[self.rows.schedule.side])
 
-
-def _move(b: TileBuilder, arg: TensorArg, start: SSAValue) -> None:
-    """Point `arg` at row `start` of its dim 2 (the token dim)."""
-    assert arg.ptr is not None
-    arg.ptr = b.ptr_add(arg.ptr, b.mul(b.to_i64(start), b.to_i64(arg.strides[2])), name=f"{arg.name}_seq")
