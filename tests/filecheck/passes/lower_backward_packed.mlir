@@ -19,26 +19,26 @@
 // CHECK:         host.launch @packed_bwd_k_prologue_transpose[%k_slots64, {{.*}}] (%k, %d_k_rotated, %d_k, %rope_table, %batch, %kv_len, %k_schedule64, %cu_k)
 // CHECK:         func.return %d_q, %d_k, %d_v
 
-// dQ: the q rows (Q, dO, lse, delta, dQ) move to the query sequence, K and V to the key one.
+// dQ: the q rows (Q, dO, lse, delta, dQ) start at the query sequence, K and V at the key one.
 // CHECK-LABEL: tile.kernel @packed_bwd_dq(
 // CHECK:         %pid_m = tile.program_id 0 : i32
 // CHECK:         %q_seq_start = tile.load %cu_seqlens_q
-// CHECK:         %Q_seq = tile.ptr_add %Q
-// CHECK:         %dOut_seq = tile.ptr_add %dOut
-// CHECK:         %LSE_in_seq = tile.ptr_add %LSE_in
-// CHECK:         %Delta_seq = tile.ptr_add %Delta
-// CHECK:         %dQ_seq = tile.ptr_add %dQ
 // CHECK:         %k_seq_start = tile.load %cu_seqlens_k
-// CHECK:         %K_seq = tile.ptr_add %K
-// CHECK:         %V_seq = tile.ptr_add %V
 // CHECK:         %q_start = arith.muli %seq_block
+// CHECK:         arith.extsi %q_seq_start
+// CHECK-NEXT:    arith.extsi %Q_stride2
+// CHECK:         %Q_base = tile.ptr_add %Q,
+// CHECK:         arith.extsi %k_seq_start
+// CHECK-NEXT:    arith.extsi %K_stride2
+// CHECK:         %K_base = tile.ptr_add %K,
+// CHECK:         arith.extsi %q_seq_start
+// CHECK-NEXT:    arith.extsi %dOut_stride2
+// CHECK:         %dOut_base = tile.ptr_add %dOut,
 
 // dK/dV: one KV block of one key sequence; its q loop stays within the query sequence.
 // CHECK-LABEL: tile.kernel @packed_bwd_dkdv(
 // CHECK:         %pid_n = tile.program_id 0 : i32
 // CHECK:         %seq = tile.load %schedule
-// CHECK:         %dK_seq = tile.ptr_add %dK
-// CHECK:         %dV_seq = tile.ptr_add %dV
 // CHECK:         %n_start = arith.muli %seq_block
 // CHECK:         %col_ok = tile.cmp lt, %cols, %{{.*}} : tensor<32xi32> -> tensor<32xi1>
 // CHECK:         %[[HI:.*]] = arith.select %{{.*}}, %q_lo, %q_seq_len : i32
@@ -46,9 +46,16 @@
 
 // The transpose pre-kernel rotates back by local rows too.
 // CHECK-LABEL: tile.kernel @packed_bwd_q_prologue_transpose(
-// CHECK:         %X_seq = tile.ptr_add %X
-// CHECK:         %dY_seq = tile.ptr_add %dY
-// CHECK:         %dX_seq = tile.ptr_add %dX
+// CHECK:         %q_seq_start = tile.load %cu_seqlens_q
+// CHECK:         arith.extsi %q_seq_start
+// CHECK-NEXT:    arith.extsi %X_stride2
+// CHECK:         %X_base = tile.ptr_add %X,
+// CHECK:         arith.extsi %q_seq_start
+// CHECK-NEXT:    arith.extsi %dY_stride2
+// CHECK:         %dY_base = tile.ptr_add %dY,
+// CHECK:         arith.extsi %q_seq_start
+// CHECK-NEXT:    arith.extsi %dX_stride2
+// CHECK:         %dX_base = tile.ptr_add %dX,
 func.func @packed(%q: tensor<1x4x?x64xf16>, %k: tensor<1x2x?x64xf16>, %v: tensor<1x2x?x64xf16>, %cu_q: tensor<?xi32>, %cu_k: tensor<?xi32>) -> tensor<1x4x?x64xf16> {
   %qr = attn.rope %q {theta = 10000.0} : tensor<1x4x?x64xf16>
   %kr = attn.rope %k {theta = 10000.0} : tensor<1x2x?x64xf16>

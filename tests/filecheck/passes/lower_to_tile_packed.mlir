@@ -1,6 +1,6 @@
 // lower-to-tile on a packed batch (cu_seqlens on attn.scores): schedule kernels list the
 // (sequence, block) slots from cu_seqlens, the grid counts slots from shapes alone, and
-// every kernel moves its per-token pointers to its sequence and works on local rows.
+// every kernel offsets its per-token tensors by its sequence's start and works on local rows.
 // RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=64 block-n=32},lower-to-tile' | filecheck %s --check-prefix=HYBRID
 // RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=64 block-n=32},lower-to-tile' | filecheck %s --check-prefix=FUSED
 
@@ -26,7 +26,7 @@
 // HYBRID-NEXT:    func.return %out, %lse
 // HYBRID-NOT:     block_map
 
-// The pre-kernel: its slot names a sequence and a block; X and Y move to the sequence.
+// The pre-kernel: its slot names a sequence and a block; X and Y start at the sequence.
 // HYBRID-LABEL: tile.kernel @packed_k_prologue(
 // HYBRID-SAME:      %schedule: !tile.ptr<i32>, %schedule_stride0: i32, %schedule_stride1: i32, %cu_seqlens_k: !tile.ptr<i32>, %cu_seqlens_k_stride0: i32)
 // HYBRID:         %pid_s = tile.program_id 0 : i32
@@ -35,13 +35,19 @@
 // HYBRID:         %real = arith.cmpi sge, %seq, %{{.*}} : i32
 // HYBRID:         %k_seq_start = tile.load %cu_seqlens_k[%{{.*}}] mask %real other %{{.*}} : !tile.ptr<i32>, i32 -> i32
 // HYBRID:         %k_seq_len = arith.subi %{{.*}}, %k_seq_start : i32
-// HYBRID:         %X_seq = tile.ptr_add %X, %{{.*}} : !tile.ptr<f16>, i64
-// HYBRID:         %Y_seq = tile.ptr_add %Y, %{{.*}} : !tile.ptr<f16>, i64
 // HYBRID:         %[[START:.*]] = arith.muli %seq_block, %{{.*}} : i32
 // HYBRID:         %rows = arith.addi %{{.*}}, %{{.*}} : tensor<64xi32>
-// HYBRID:         %row_ok = tile.cmp lt, %rows, %{{.*}} : tensor<64xi32> -> tensor<64xi1>
+// HYBRID:         %[[LEN:.*]] = tile.splat %k_seq_len : i32 -> tensor<64xi32>
+// HYBRID-NEXT:    %row_ok = tile.cmp lt, %rows, %[[LEN]] : tensor<64xi32> -> tensor<64xi1>
+// HYBRID:         %[[X0:.*]] = arith.extsi %k_seq_start : i32 to i64
+// HYBRID-NEXT:    %[[XS:.*]] = arith.extsi %X_stride2 : i32 to i64
+// HYBRID-NEXT:    %[[XO:.*]] = arith.muli %[[X0]], %[[XS]] : i64
+// HYBRID-NEXT:    %[[XB:.*]] = arith.addi %{{.*}}, %[[XO]] : i64
+// HYBRID-NEXT:    %X_base = tile.ptr_add %X, %[[XB]] : !tile.ptr<f16>, i64
+// HYBRID:         %[[Y0:.*]] = arith.extsi %k_seq_start : i32 to i64
+// HYBRID-NEXT:    %[[YS:.*]] = arith.extsi %Y_stride2 : i32 to i64
 
-// The forward: Q, Out and LSE move to the query sequence, K and V to the key sequence;
+// The forward: Q, Out and LSE start at the query sequence, K and V at the key sequence;
 // the band's diagonal is the sequence's own kv_len - q_len.
 // HYBRID-LABEL: tile.kernel @packed_fwd(
 // HYBRID-SAME:      %schedule: !tile.ptr<i32>, %schedule_stride0: i32, %schedule_stride1: i32, %cu_seqlens_q: !tile.ptr<i32>, %cu_seqlens_q_stride0: i32, %cu_seqlens_k: !tile.ptr<i32>, %cu_seqlens_k_stride0: i32)
@@ -50,17 +56,24 @@
 // HYBRID-NEXT:    %seq = tile.load %schedule[%[[ROW]]] : !tile.ptr<i32>, i32 -> i32
 // HYBRID:         %q_seq_start = tile.load %cu_seqlens_q
 // HYBRID:         %q_seq_len = arith.subi
-// HYBRID:         %Q_seq = tile.ptr_add %Q
-// HYBRID:         %Out_seq = tile.ptr_add %Out
-// HYBRID:         %LSE_seq = tile.ptr_add %LSE
 // HYBRID:         %k_seq_start = tile.load %cu_seqlens_k
 // HYBRID:         %k_seq_len = arith.subi
-// HYBRID:         %K_seq = tile.ptr_add %K
-// HYBRID:         %V_seq = tile.ptr_add %V
 // HYBRID:         %q_start = arith.muli %seq_block, %{{.*}} : i32
-// HYBRID:         %Q_base = tile.ptr_add %Q_seq
+// HYBRID:         %[[Q0:.*]] = arith.extsi %q_seq_start : i32 to i64
+// HYBRID-NEXT:    %[[QS:.*]] = arith.extsi %Q_stride2 : i32 to i64
+// HYBRID-NEXT:    %[[QO:.*]] = arith.muli %[[Q0]], %[[QS]] : i64
+// HYBRID-NEXT:    %[[QB:.*]] = arith.addi %{{.*}}, %[[QO]] : i64
+// HYBRID-NEXT:    %Q_base = tile.ptr_add %Q, %[[QB]] : !tile.ptr<f16>, i64
+// HYBRID:         %K_base = tile.ptr_add %K,
+// HYBRID:         %V_base = tile.ptr_add %V,
 // HYBRID:         %diag = arith.subi %k_seq_len, %q_seq_len : i32
 // HYBRID:         scf.for %start_n = %{{.*}} to %full_lo
+// HYBRID:         %[[O0:.*]] = arith.extsi %q_seq_start : i32 to i64
+// HYBRID-NEXT:    %[[OS:.*]] = arith.extsi %Out_stride2 : i32 to i64
+// HYBRID:         %Out_base = tile.ptr_add %Out,
+// HYBRID:         %[[L0:.*]] = arith.extsi %q_seq_start : i32 to i64
+// HYBRID-NEXT:    %[[LS:.*]] = arith.extsi %LSE_stride2 : i32 to i64
+// HYBRID:         %LSE_base = tile.ptr_add %LSE,
 
 // The schedule kernel: one program per sequence (and one for the padding slots).
 // HYBRID-LABEL: tile.kernel @packed_schedule_k64(%cu_seqlens: !tile.ptr<i32>, %cu_seqlens_stride0: i32, %schedule: !tile.ptr<i32>, %schedule_stride0: i32, %schedule_stride1: i32, %slots: i32)
