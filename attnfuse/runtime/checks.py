@@ -217,8 +217,8 @@ class ArgumentChecker:
             elif entries != first[1]:
                 other, count = first
                 raise AttnfuseArgumentError(
-                    f"argument {param.index} '{param.name}': {entries} entries ({entries - 1} sequences), but "
-                    f"argument {other.index} '{other.name}' has {count} ({count - 1} sequences): queries and "
+                    f"argument {param.index} '{param.name}': {entries} entries ({_sequences(entries)}), but "
+                    f"argument {other.index} '{other.name}' has {count} ({_sequences(count)}): queries and "
                     "keys pack the same sequences")
 
     def _check_consistent(self, args: Sequence[Any]) -> None:
@@ -246,6 +246,10 @@ class ArgumentChecker:
 
 
 _TOKENS = {"Sq": "query tokens (dim 2 of q)", "Skv": "key tokens (dim 2 of k)"}
+
+
+def _sequences(entries: int) -> str:
+    return "1 sequence" if entries == 2 else f"{entries - 1} sequences"
 
 
 def _bad_segments(cu: torch.Tensor, total: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ BAD = {
     "offset": (lambda cu: cu + 1, r"argument 4 'cu_seqlens_k': cu_seqlens must start at 0, got 1"),
     "negative": (lambda cu: torch.tensor([0, -3, 7, 12], dtype=torch.int32), r"must not decrease, got 0 then -3"),
     "sequences": (lambda cu: torch.tensor([0, 12], dtype=torch.int32),
-                  r"argument 4 'cu_seqlens_k': 2 entries \(1 sequences\), but argument 3 'cu_seqlens_q' has 4"),
+                  r"argument 4 'cu_seqlens_k': 2 entries \(1 sequence\), but argument 3 'cu_seqlens_q' has 4 \(3 sequences\)"),
     "empty": (lambda cu: cu[:0], r"argument 4 'cu_seqlens_k': cu_seqlens needs N \+ 1 entries for N sequences"),
     "rank 2": (lambda cu: cu[None], r"argument 4 'cu_seqlens_k': expected shape \[\?\] torch.int32, got \(1, 4\)"),
     "device": (lambda cu: cu.to("meta"), r"argument 4 'cu_seqlens_k': on meta, but earlier arguments are on cpu"),
