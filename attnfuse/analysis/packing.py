@@ -52,10 +52,8 @@ def packed_batch(program: AttentionProgram) -> PackedBatch | None:
     assert isinstance(v_type, TensorType)
     if v_type.get_shape()[0] != 1:
         raise ProgramError("v of a packed batch has batch dim 1 ([1, heads, total_k, head_dim])", scores)
-    if packed.cu_q is not packed.cu_k:
-        sides = {program.q.arg_index: "q", program.k.arg_index: "k", program.v_arg: "v"}
-        if len(sides) < 3:
-            raise ProgramError("q and k / v read one argument but different cu_seqlens", scores)
+    if packed.cu_q is not packed.cu_k and program.q.arg_index in (program.k.arg_index, program.v_arg):
+        raise ProgramError("q and k / v read one argument but different cu_seqlens", scores)
     for op in program.q.transforms + program.k.transforms:
         if isinstance(op, RopeOp) and op.positions is not None:
             raise ProgramError(

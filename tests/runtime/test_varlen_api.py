@@ -111,3 +111,21 @@ def test_unsupported_in_packed_batch(case: str) -> None:
     builder, message = UNSUPPORTED[case]
     with pytest.raises(ProgramError, match=message):
         attnfuse.compile(builder.build())
+
+
+def test_one_argument_cannot_have_two_packings() -> None:
+    """q read as keys too, with other cu_seqlens than the queries: rejected (k and v may
+    share an argument)."""
+    text = """func.func @f(%q: tensor<1x2x?x16xf32>, %v: tensor<1x2x?x16xf32>, %cq: tensor<?xi32>, %ck: tensor<?xi32>) -> tensor<1x2x?x16xf32> {
+  %s = attn.scores %q, %q cu_seqlens_q %cq cu_seqlens_k %ck : tensor<1x2x?x16xf32>, tensor<1x2x?x16xf32>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x2x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x2x?x?xf32> -> !attn.probs<?x2x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x2x?x?xf32>, tensor<1x2x?x16xf32> -> tensor<1x2x?x16xf32>
+  func.return %o : tensor<1x2x?x16xf32>
+}"""
+    with pytest.raises(ProgramError, match="q and k / v read one argument but different cu_seqlens"):
+        attnfuse.compile(text)
+    shared = text.replace("cu_seqlens_k %ck", "cu_seqlens_k %cq")
+    fn = attnfuse.compile(shared, pipeline=PIPELINE.replace("lower-backward{block-m=16 block-n=16},", ""))
+    q, v = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    cu = cu_seqlens([4, 5])
+    assert_close(fn(q, v, cu, cu), reference.run(shared, q, v, cu, cu))
