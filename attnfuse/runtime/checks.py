@@ -9,8 +9,8 @@ call; `check_int32_layout` guards the 32-bit indexing of kernels. Every failure 
 
 The kernels of a packed batch trust its cu_seqlens: `N + 1` int32 entries rising from 0
 to the token count of their side, with as many sequences for q as for k. Entries that
-break this would send kernels out of bounds, so their values are checked on every call:
-on a GPU a few tiny kernels and one flag read back, a synchronisation with the device.
+break this would send kernels out of bounds, so their values are checked on every call,
+on a host copy: on a GPU, one small device-to-host copy per call, a synchronisation.
 """
 
 from __future__ import annotations
@@ -182,12 +182,12 @@ class ArgumentChecker:
         if not self.segments:
             return
         sizes = self.sizes(args)
-        flags = [_bad_segments(args[p.index], sizes[side]) for p, side in self.segments]
-        if not bool(torch.stack(flags).any()):
-            return
-        for (param, side), flag in zip(self.segments, flags):
-            if bool(flag):
-                raise AttnfuseArgumentError(_segments_problem(param, args[param.index].tolist(), side, sizes[side]))
+        read: dict[int, torch.Tensor] = {}  # one copy to the host per tensor (q's and k's may be one)
+        for param, side in self.segments:
+            cu = args[param.index]
+            values = read.setdefault(id(cu), cu.cpu())
+            if _bad_segments(values, sizes[side]):
+                raise AttnfuseArgumentError(_segments_problem(param, values.tolist(), side, sizes[side]))
 
     def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
         """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k."""
@@ -252,8 +252,8 @@ def _sequences(entries: int) -> str:
     return "1 sequence" if entries == 2 else f"{entries - 1} sequences"
 
 
-def _bad_segments(cu: torch.Tensor, total: int) -> torch.Tensor:
-    return (cu[0] != 0) | (cu[-1] != total) | (cu[1:] < cu[:-1]).any()
+def _bad_segments(cu: torch.Tensor, total: int) -> bool:
+    return bool(cu[0] != 0) or bool(cu[-1] != total) or bool((cu[1:] < cu[:-1]).any())
 
 
 def _segments_problem(param: Parameter, values: list[int], side: str, total: int) -> str:
