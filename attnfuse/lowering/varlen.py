@@ -13,10 +13,10 @@ The grid's slot count is the bound `(T + N (BLOCK - 1)) // BLOCK` (T tokens, N
 sequences): it depends on shapes only, so launch plans stay per shape class and no
 length is read back to the host. A program reads its sequence's start and length
 (`SequenceView.enter`), offsets every per-token tensor by the sequence's first row
-(`TensorArg.row_start`), and then works on local rows: KV loop bounds, masks (causal / windows per
-sequence, bottom-right with the sequence's own lengths) and RoPE positions (the local row)
-all come out per sequence, and no tile crosses a sequence boundary. A padding slot has
-length 0: its loops are empty and its stores masked off.
+(`TensorArg.row_start`), and then works on local rows: KV loop bounds, masks (causal
+and windows per sequence, bottom-right with the sequence's own lengths) and RoPE
+positions (the local row) all come out per sequence, and no tile crosses a sequence
+boundary. A padding slot has length 0: its loops are empty and its stores masked off.
 
 Query-side schedules list a sequence's blocks last first (the heaviest under a causal
 mask, as the unpacked forward numbers its q blocks); key-side schedules first first

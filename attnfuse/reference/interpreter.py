@@ -7,7 +7,9 @@ differentiable end to end; masked entries are `-inf` and the softmax is written 
 fully masked row gives probabilities 0 with zero (never NaN) gradients.
 
 Values: tensors are float64 (float element types) or int64 (integer element types);
-`i64` scalars (dropout seeds) are Python ints.
+`i64` scalars (dropout seeds) are Python ints. A packed batch (cu_seqlens on
+`attn.scores`) is evaluated densely with its segments kept beside the scores
+(`attnfuse.reference.packing`).
 """
 
 from __future__ import annotations
@@ -110,7 +112,9 @@ def interpret(func: FuncOp, args: Sequence[Value]) -> tuple[list[Value], Frame]:
     raise ReferenceError(f"reference: @{func.sym_name.data} has no func.return")
 
 
-def _grid(s: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _grid(
+    s: torch.Tensor, packing: Packing | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index tensors b, h, q, kv (int64) shaped to broadcast over `[B, H, Sq, Skv]`; in a
     packed batch b is the sequence and q, kv count within it."""
     b, h, sq, skv = s.shape
