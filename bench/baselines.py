@@ -200,6 +200,8 @@ def sdpa_baseline(program: AttentionProgram, args: Sequence[Any], *, backend: st
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     ops = program.score_ops
+    if program.scores.cu_seqlens_q is not None:
+        raise Unsupported("SDPA baselines take no packed batch (cu_seqlens): use flex_baseline")
     if program.dropout is not None or program.softmax is None or program.softmax.sinks is not None or not (
             len(ops) == 1 and isinstance(ops[0], MaskOp) and ops[0].kind_name == "causal"
             and ops[0].str_option("align") == "top_left"):

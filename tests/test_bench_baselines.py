@@ -51,6 +51,9 @@ def test_unsupported_programs_say_why() -> None:
     _, program, args = _program("gemma2")
     with pytest.raises(Unsupported, match="only score op is a top-left causal mask"):
         sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
+    _, program, args = _program("varlen")
+    with pytest.raises(Unsupported, match="no packed batch"):
+        sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("q_len", [1, 4])
