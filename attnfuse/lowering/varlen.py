@@ -56,7 +56,6 @@ class Schedule:
 
     table: SSAValue
     slots: SSAValue
-    block: int
     side: str
     """"q" or "k": the cu_seqlens whose sequences it cuts into blocks."""
 
@@ -117,7 +116,7 @@ class PackedHost:
             self.kernels.append(kernel)
         one = host.const(1, "one")
         host.launch(name, [entries, one, one], [cu, table, slots])
-        return Schedule(table, slots, block, side)
+        return Schedule(table, slots, side)
 
 
 def build_schedule_kernel(name: str, cu: SSAValue, table: SSAValue, slots: SSAValue, block: int,
