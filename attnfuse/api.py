@@ -31,6 +31,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, TensorType
 from xdsl.printer import Printer
 
+from attnfuse.analysis.packing import packed_batch
 from attnfuse.backends.gluon.emitter import emit_gluon
 from attnfuse.backends.gluon.metadata import gluon_kernel_metadata
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
@@ -113,9 +114,11 @@ class AttentionFunction:
         self.parameters = [
             Parameter(i, a.name_hint or f"arg{i}", a.type) for i, a in enumerate(function.args)
         ]
+        packing = packed_batch(analyzed)
         self._checker = ArgumentChecker(
             self.name, self.parameters, symbolic_shapes(analyzed), shared_length_operand(analyzed),
             (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg),
+            packing.arguments(analyzed) if packing is not None else (),
         )
         self.returns_lse = len(function.function_type.outputs.data) == 2
         self.attn_ir = str(module)

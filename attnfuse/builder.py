@@ -13,9 +13,11 @@ A `ProgramBuilder` is immutable: every method returns a new builder with one mor
 building block, so a base program can be shared by variants. Q/K transforms (`qk_norm`,
 `rope`) run before `attn.scores` in the order they are added; score ops (`alibi`,
 `bias`, `softcap`, the masks, `score_mod`, `mask_mod`) run in the order they are added;
-`sinks`, `dropout` and `lse` configure the softmax. Extra operands become function
-arguments after q, k, v, in the order their blocks are added (`pos`, `wq`, `wk`,
-`slopes`, `bias`, `doc`, `prefix_len`, captures, `sinks`, `seed`). `score_mod` and
+`sinks`, `dropout` and `lse` configure the softmax; `packed` makes the batch a packed
+one (q, k, v `[1, heads, total_tokens, head_dim]` cut into sequences by cu_seqlens).
+Extra operands become function arguments after q, k, v, in the order their blocks are
+added (`cu_seqlens_q`/`cu_seqlens_k` first, then `pos`, `wq`, `wk`, `slopes`, `bias`,
+`doc`, `prefix_len`, captures, `sinks`, `seed`). `score_mod` and
 `mask_mod` take Python functions written as for flex_attention, traced into regions
 (`attnfuse.tracing`). `build()` verifies the IR and prints it: the program *is* its text.
 """
@@ -166,6 +168,8 @@ class ProgramBuilder:
     sink_type: Attribute | None = None
     dropout_p: float | None = None
     returns_lse: bool = False
+    cu_seqlens: tuple[str, ...] = ()
+    """Names of the cu_seqlens arguments of a packed batch (q's, then k's; one when shared)."""
 
     # ---------------------------------------------------------------- Q and K transforms
 
@@ -278,6 +282,12 @@ class ProgramBuilder:
         """Return `(out, lse)`."""
         return replace(self, returns_lse=True)
 
+    def packed(self, *, shared: bool = False) -> ProgramBuilder:
+        """A packed batch: q, k, v are `[1, heads, total_tokens, head_dim]` and int32
+        `[N + 1]` arguments `cu_seqlens_q`, `cu_seqlens_k` (one `cu_seqlens` when
+        `shared`) cut them into N sequences, each attended on its own."""
+        return replace(self, cu_seqlens=("cu_seqlens",) if shared else ("cu_seqlens_q", "cu_seqlens_k"))
+
     # ---------------------------------------------------------------- building
 
     def _add(self, *steps: _Step) -> ProgramBuilder:
@@ -330,14 +340,16 @@ class _Emitter:
 
     def __init__(self, builder: ProgramBuilder) -> None:
         self.b = builder
-        qkv = [_qkv(builder.dtype, builder.heads, builder.head_dim),
-               _qkv(builder.dtype, builder.kv_heads, builder.head_dim),
-               _qkv(builder.dtype, builder.kv_heads, builder.v_head_dim)]
+        self.batch = 1 if builder.cu_seqlens else DYNAMIC
+        qkv = [_qkv(builder.dtype, builder.heads, builder.head_dim, self.batch),
+               _qkv(builder.dtype, builder.kv_heads, builder.head_dim, self.batch),
+               _qkv(builder.dtype, builder.kv_heads, builder.v_head_dim, self.batch)]
         self.block = Block(arg_types=qkv)
         self.args: dict[str, SSAValue] = {}
         for name, arg in zip("qkv", self.block.args):
             arg.name_hint = name
             self.args[name] = arg
+        self.cu = [self.arg(_Operand(name, TensorType(i32, [DYNAMIC]))) for name in builder.cu_seqlens]
 
     def arg(self, operand: _Operand) -> SSAValue:
         existing = self.args.get(operand.name)
@@ -389,19 +401,20 @@ class _Emitter:
                 sides[step.side] = self.step(step, sides[step.side], step.side + suffix[step.op_type])
         dims = [DYNAMIC, b.heads, DYNAMIC, DYNAMIC]
         scale = {"scale": ScoresOp.OPTIONS[0].to_attr(b.scale_value)} if b.scale_value is not None else {}
-        s = self.emit(ScoresOp.build(operands=[sides["q"], sides["k"]], result_types=[ScoresType(dims)],
+        cu = [[self.cu[0]], [self.cu[-1]]] if self.cu else [[], []]
+        s = self.emit(ScoresOp.build(operands=[sides["q"], sides["k"], *cu], result_types=[ScoresType(dims)],
                                      properties=scale), "s")
         for n, step in enumerate((st for st in b.steps if st.side == "scores"), start=1):
             s = self.step(step, s, f"s{n}")
         sinks = [self.arg(_Operand("sinks", b.sink_type))] if b.sink_type is not None else []
-        lse_type = TensorType(f32, [DYNAMIC, b.heads, DYNAMIC])
+        lse_type = TensorType(f32, [self.batch, b.heads, DYNAMIC])
         softmax = SoftmaxOp.build(operands=[s, sinks], result_types=[ProbsType(dims), [lse_type] if b.returns_lse else []])
         p = self.emit(softmax, "p")
         if b.dropout_p is not None:
             seed = self.arg(_Operand("seed", i64))
             p = self.emit(DropoutOp.build(operands=[p, seed], result_types=[p.type],
                                           properties={"p": DropoutOp.OPTIONS[0].to_attr(b.dropout_p)}), "pd")
-        out_type = _qkv(b.dtype, b.heads, b.v_head_dim)
+        out_type = _qkv(b.dtype, b.heads, b.v_head_dim, self.batch)
         o = self.emit(WeightedSumOp.build(operands=[p, self.args["v"]], result_types=[out_type]), "o")
         results = [o]
         if b.returns_lse:
@@ -412,8 +425,8 @@ class _Emitter:
         return func.FuncOp(b.name, ([a.type for a in self.block.args], types), Region(self.block))
 
 
-def _qkv(dtype: Attribute, heads: int, dim: int) -> TensorType:
-    return TensorType(dtype, [DYNAMIC, heads, DYNAMIC, dim])  # type: ignore[arg-type]
+def _qkv(dtype: Attribute, heads: int, dim: int, batch: int) -> TensorType:
+    return TensorType(dtype, [batch, heads, DYNAMIC, dim])  # type: ignore[arg-type]
 
 
 def _print(op: Operation) -> str:

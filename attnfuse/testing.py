@@ -4,7 +4,10 @@ Used by the test suite and the GPU checks: `make_inputs` reads a program's signa
 builds fresh random arguments for it (never zeros): q/k/v ~ N(0, 1); position ids
 `arange(S)` (plus a random shift); document ids as sorted random segments; prefix lengths
 in [0, S]; norm weights ~ 1 + 0.1 N(0, 1); sinks, slopes and bias tables ~ N(0, 1) at
-the right scale; seeds as Python ints.
+the right scale; seeds as Python ints. For a packed batch, `batch` sequences of random
+lengths up to `q_len` / `kv_len` (the first that long, the last of length 1 from three
+sequences on; equal lengths for q and k when `q_len == kv_len` or one cu_seqlens serves
+both) and their cu_seqlens.
 """
 
 from __future__ import annotations
@@ -37,6 +40,34 @@ def _segments(batch: int, length: int, generator: torch.Generator) -> torch.Tens
     return ids
 
 
+def packed_lengths(batch: int, longest: int, generator: torch.Generator) -> list[int]:
+    """Lengths of `batch` packed sequences: random in [1, longest], the first `longest`,
+    the last 1 when there are three or more."""
+    lengths = torch.randint(1, longest + 1, (batch,), generator=generator).tolist()
+    lengths[0] = longest
+    if batch >= 3:
+        lengths[-1] = 1
+    return lengths
+
+
+def cu_seqlens(lengths: list[int], device: str | torch.device = "cpu") -> torch.Tensor:
+    """The int32 cumulative lengths `[0, l0, l0 + l1, ...]`."""
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32,
+                        device=device)
+
+
+def _packed_sides(function: func.FuncOp) -> dict[int, str]:
+    """Argument index -> "q" / "k" of the cu_seqlens of a packed program (empty if none)."""
+    from attnfuse.analysis.packing import packed_batch
+    from attnfuse.program import analyze
+
+    program = analyze(function)
+    packing = packed_batch(program)
+    if packing is None:
+        return {}
+    return {index: {"Sq": "q", "Skv": "k"}[side] for index, side in reversed(packing.arguments(program))}
+
+
 def make_inputs(
     function: func.FuncOp,
     batch: int,
@@ -49,6 +80,12 @@ def make_inputs(
     """Random arguments for `function` (an attention program's func.func)."""
     g = torch.Generator().manual_seed(seed)
     args: list[Any] = []
+    packed = _packed_sides(function)
+    if packed:
+        lengths = {"q": packed_lengths(batch, q_len, g)}
+        shared = len(packed) == 1  # one cu_seqlens for both sides
+        lengths["k"] = lengths["q"] if q_len == kv_len or shared else packed_lengths(batch, kv_len, g)
+        q_len, kv_len, batch = sum(lengths["q"]), sum(lengths["k"]), 1
     for index, arg in enumerate(function.args):
         ty = arg.type
         name = arg.name_hint or ""
@@ -59,7 +96,9 @@ def make_inputs(
         shape = list(ty.get_shape())
         dtype = torch_dtype(ty.element_type)
         seq = q_len if index == 0 else kv_len
-        if len(shape) == 4 and index < 3:
+        if index in packed:
+            args.append(cu_seqlens(lengths[packed[index]], device))
+        elif len(shape) == 4 and index < 3:
             shape = [batch, shape[1], seq, shape[3]]
             args.append(torch.randn(shape, generator=g).to(dtype).to(device))
         elif len(shape) == 4:  # bias table, broadcast dims stay 1
@@ -118,7 +157,7 @@ def with_dtype(text: str, dtype: str) -> str:
     return re.sub(r"(tensor<[^<>]*x)(bf16|f16|f32)>", lambda m: m.group(1) + dtype + ">" if m.group(1).count("x") == 4 else m.group(0), text)
 
 
-__all__ = ["TOLERANCE", "assert_close", "make_inputs", "max_error", "with_dtype"]
+__all__ = ["TOLERANCE", "assert_close", "cu_seqlens", "make_inputs", "max_error", "packed_lengths", "with_dtype"]
 
 
 GRAD_TOLERANCE: dict[torch.dtype, float] = {

@@ -5,8 +5,11 @@ PyTorch's `flex_attention`: Q/K transforms (RoPE of any scaling, with or without
 positions; QK-norm) as a PyTorch preamble (to `torch.compile` with the call), the
 score ops as a `score_mod` (scale, softcap, ALiBi, bias tensors), the masks as a
 `mask_mod` and block mask (causal, sliding window, document ids, either alignment), and
-sinks through flex's lse (`out * sigmoid(lse - sink)`). Programs with `attn.score_mod`
-regions, custom masks, prefix-LM masks or dropout raise `Unsupported`.
+sinks through flex's lse (`out * sigmoid(lse - sink)`). A packed batch (cu_seqlens on
+`attn.scores`) becomes flex's document masking over the packed `[1, H, T, D]` tensors:
+sequence ids and positions within each sequence, read by the RoPE preamble, the
+`mask_mod` (same sequence, bands within it) and the `score_mod`. Programs with
+`attn.score_mod` regions, custom masks, prefix-LM masks or dropout raise `Unsupported`.
 `sdpa_baseline` does the same with SDPA (cuDNN by default) for programs whose only
 score op is a causal mask (Llama, Qwen3). Checked against the float64 reference by
 tests/test_bench_baselines.py.
@@ -15,6 +18,7 @@ tests/test_bench_baselines.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +31,31 @@ from attnfuse.reference.rope import RopeParams, cos_sin
 
 class Unsupported(ValueError):
     """The program uses something this translation does not cover."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Per token of a packed batch: its sequence and position in it, per side."""
+
+    seq_q: torch.Tensor
+    pos_q: torch.Tensor
+    seq_k: torch.Tensor
+    pos_k: torch.Tensor
+    diag: torch.Tensor
+    """Per query token: len_k - len_q of its sequence (bottom-right alignment)."""
+
+
+def _packed(program: AttentionProgram, args: Sequence[Any]) -> Packed | None:
+    scores = program.scores
+    if scores.cu_seqlens_q is None or scores.cu_seqlens_k is None:
+        return None
+    sides = []
+    for cu in (args[program.arg(scores.cu_seqlens_q)].long(), args[program.arg(scores.cu_seqlens_k)].long()):
+        tokens = torch.arange(int(cu[-1]), device=cu.device)
+        seq = torch.searchsorted(cu[1:], tokens, right=True)
+        sides.append((seq, tokens - cu[seq], cu[1:] - cu[:-1]))
+    (seq_q, pos_q, len_q), (seq_k, pos_k, len_k) = sides
+    return Packed(seq_q, pos_q, seq_k, pos_k, (len_k - len_q)[seq_q])
 
 
 def _rope(x: torch.Tensor, op: RopeOp, positions: torch.Tensor) -> torch.Tensor:
@@ -46,7 +75,7 @@ def _rope(x: torch.Tensor, op: RopeOp, positions: torch.Tensor) -> torch.Tensor:
 
 
 def _transform(x: torch.Tensor, ops: Sequence[RopeOp | QKNormOp], program: AttentionProgram,
-               args: Sequence[Any]) -> torch.Tensor:
+               args: Sequence[Any], packed_positions: torch.Tensor | None = None) -> torch.Tensor:
     for op in ops:
         if isinstance(op, QKNormOp):
             y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + op.float_option("eps"))
@@ -55,12 +84,14 @@ def _transform(x: torch.Tensor, ops: Sequence[RopeOp | QKNormOp], program: Atten
             x = y.to(x.dtype)
         else:
             positions = (args[program.arg(op.positions)] if op.positions is not None
+                         else packed_positions + op.int_option("offset") if packed_positions is not None
                          else torch.arange(x.shape[2], device=x.device) + op.int_option("offset"))
             x = _rope(x, op, positions)
     return x
 
 
-def _score_mod(program: AttentionProgram, args: Sequence[Any], heads: int) -> Callable[..., Any] | None:
+def _score_mod(program: AttentionProgram, args: Sequence[Any], heads: int,
+               packed: Packed | None = None) -> Callable[..., Any] | None:
     mods: list[Callable[..., Any]] = []
     for op in program.score_ops:
         if isinstance(op, SoftcapOp):
@@ -69,7 +100,10 @@ def _score_mod(program: AttentionProgram, args: Sequence[Any], heads: int) -> Ca
         elif isinstance(op, BiasOp) and op.kind_name == "alibi":
             slopes = (args[program.arg(op.slopes)].float() if op.slopes is not None
                       else alibi_slopes(heads, op.float_option("max_bias")).float().to(args[0].device))
-            mods.append(lambda s, b, h, q, kv, t=slopes: s + t[h] * (kv - q))
+            if packed is not None:
+                mods.append(lambda s, b, h, q, kv, t=slopes, p=packed: s + t[h] * (p.pos_k[kv] - p.pos_q[q]))
+            else:
+                mods.append(lambda s, b, h, q, kv, t=slopes: s + t[h] * (kv - q))
         elif isinstance(op, BiasOp):
             bias = args[program.arg(op.bias[0])].float()
             mods.append(lambda s, b, h, q, kv, t=bias: s + t[b if t.shape[0] > 1 else 0, h if t.shape[1] > 1 else 0, q, kv])
@@ -86,20 +120,29 @@ def _score_mod(program: AttentionProgram, args: Sequence[Any], heads: int) -> Ca
     return score_mod
 
 
-def _mask_mod(program: AttentionProgram, args: Sequence[Any], sq: int, skv: int) -> Callable[..., Any] | None:
+def _mask_mod(program: AttentionProgram, args: Sequence[Any], sq: int, skv: int,
+              packed: Packed | None = None) -> Callable[..., Any] | None:
     keeps: list[Callable[..., Any]] = []
+    if packed is not None:  # same sequence; bands on positions within it
+        keeps.append(lambda b, h, q, kv, p=packed: p.seq_q[q] == p.seq_k[kv])
     for op in program.score_ops:
         if not isinstance(op, MaskOp):
             continue
-        off = skv - sq if op.str_option("align") == "bottom_right" else 0
+        bottom_right = op.str_option("align") == "bottom_right"
+        if packed is not None:  # positions within the sequence, the query's shifted to the keys' diagonal
+            qpos: Callable[[Any], Any] = (lambda q, p=packed, br=bottom_right: p.pos_q[q] + (p.diag[q] if br else 0))
+            kpos: Callable[[Any], Any] = lambda kv, p=packed: p.pos_k[kv]
+        else:
+            qpos = lambda q, off=skv - sq if bottom_right else 0: q + off  # noqa: E731
+            kpos = lambda kv: kv  # noqa: E731
         if op.kind_name == "causal":
-            keeps.append(lambda b, h, q, kv, off=off: kv <= q + off)
+            keeps.append(lambda b, h, q, kv, qp=qpos, kp=kpos: kp(kv) <= qp(q))
         elif op.kind_name == "sliding_window":
             left, right = op.option("left"), op.option("right")
             if left is not None:
-                keeps.append(lambda b, h, q, kv, off=off, n=int(left): kv >= q + off - n)
+                keeps.append(lambda b, h, q, kv, qp=qpos, kp=kpos, n=int(left): kp(kv) >= qp(q) - n)
             if right is not None:
-                keeps.append(lambda b, h, q, kv, off=off, n=int(right): kv <= q + off + n)
+                keeps.append(lambda b, h, q, kv, qp=qpos, kp=kpos, n=int(right): kp(kv) <= qp(q) + n)
         elif op.kind_name == "document":
             ids = [args[program.arg(a)] for a in op.args]
             keeps.append(lambda b, h, q, kv, iq=ids[0], ik=ids[-1]: iq[b, q] == ik[b, kv])
@@ -126,8 +169,9 @@ def flex_baseline(program: AttentionProgram, args: Sequence[Any], *, compile: bo
     q0, k0 = args[program.q.arg_index], args[program.k.arg_index]
     batch, heads, sq, _ = q0.shape
     skv = k0.shape[2]
-    score_mod = _score_mod(program, args, heads)
-    mask_mod = _mask_mod(program, args, sq, skv)
+    packed = _packed(program, args)
+    score_mod = _score_mod(program, args, heads, packed)
+    mask_mod = _mask_mod(program, args, sq, skv, packed)
     block_mask = (create_block_mask(mask_mod, batch, None, sq, skv, device=str(q0.device))
                   if mask_mod is not None else None)
     sinks = (args[program.arg(program.softmax.sinks)].float()
@@ -136,8 +180,8 @@ def flex_baseline(program: AttentionProgram, args: Sequence[Any], *, compile: bo
     flex = torch.compile(flex_attention) if compile else flex_attention
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q = _transform(q, program.q.transforms, program, args)
-        k = _transform(k, program.k.transforms, program, args)
+        q = _transform(q, program.q.transforms, program, args, packed.pos_q if packed is not None else None)
+        k = _transform(k, program.k.transforms, program, args, packed.pos_k if packed is not None else None)
         gqa = q.shape[1] != k.shape[1]
         if sinks is None:
             return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
@@ -156,6 +200,8 @@ def sdpa_baseline(program: AttentionProgram, args: Sequence[Any], *, backend: st
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     ops = program.score_ops
+    if program.scores.cu_seqlens_q is not None:
+        raise Unsupported("SDPA baselines take no packed batch (cu_seqlens): use flex_baseline")
     if program.dropout is not None or program.softmax is None or program.softmax.sinks is not None or not (
             len(ops) == 1 and isinstance(ops[0], MaskOp) and ops[0].kind_name == "causal"
             and ops[0].str_option("align") == "top_left"):

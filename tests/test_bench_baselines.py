@@ -17,7 +17,7 @@ from attnfuse.testing import make_inputs, with_dtype
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from baselines import Unsupported, flex_baseline, sdpa_baseline  # noqa: E402
 
-SUPPORTED = ["alibi", "document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3", "t5_bias"]
+SUPPORTED = ["alibi", "document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3", "t5_bias", "varlen"]
 
 
 def _program(name: str) -> tuple[str, object, list[object]]:
@@ -51,6 +51,9 @@ def test_unsupported_programs_say_why() -> None:
     _, program, args = _program("gemma2")
     with pytest.raises(Unsupported, match="only score op is a top-left causal mask"):
         sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
+    _, program, args = _program("varlen")
+    with pytest.raises(Unsupported, match="no packed batch"):
+        sdpa_baseline(program, args, compile=False)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("q_len", [1, 4])
@@ -72,3 +75,38 @@ def test_decode_bench_program_and_baselines(q_len: int) -> None:
                 flex_baseline(analyze(function), [q, k, v], compile=False)(q, k, v)):
         assert float((got.double() - want).abs().max()) < 1e-4
     assert "decode_split_kv" in launched(fn, [q, k, v])
+
+
+def test_flex_baseline_packed_cross() -> None:
+    """A packed batch with more keys than queries per sequence: flex's document masking
+    with positions within each sequence, bottom-right bands and ALiBi distances."""
+    import attnfuse
+    from attnfuse.testing import cu_seqlens
+
+    text = (attnfuse.attention(4, 16, kv_heads=2, dtype="f32").rope().alibi().causal(align="bottom_right")
+            .sliding_window(left=3, align="bottom_right").packed().build().source)
+    program = analyze(find_functions(reference.parse_program(text))[0])
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 9, 16, generator=g)
+    k, v = (torch.randn(1, 2, 17, 16, generator=g) for _ in range(2))
+    args = [q, k, v, cu_seqlens([4, 1, 4]), cu_seqlens([6, 3, 8])]
+    got = flex_baseline(program, args, compile=False)(q, k, v)  # type: ignore[arg-type]
+    assert float((got.double() - reference.run(text, *args)).abs().max()) < 1e-4
+
+
+def test_varlen_bench_runs_one_attention_four_ways() -> None:
+    """bench/varlen.py: the packed program, the document program on one row and on a
+    padded batch, and the flex translation compute the same attention (float64 reference)."""
+    from varlen import document_inputs, draw_lengths, packed_inputs, padded_inputs, unpad
+
+    lengths = draw_lengths(40, 3, 17, seed=1)
+    assert sum(lengths) == 40 and min(lengths) >= 1 and len(lengths) >= 3
+    q, k, v, cu = packed_inputs(lengths, "cpu", torch.float32, seed=1)
+    varlen, document = (with_dtype(examples.path(n).read_text(), "f32") for n in ("varlen", "document"))
+    want = reference.run(varlen, q, k, v, cu, cu)
+    assert float((reference.run(document, *document_inputs(q, k, v, cu)) - want).abs().max()) < 1e-10
+    padded = reference.run(document, *padded_inputs(q, k, v, cu))
+    assert padded.shape[0] == len(lengths) and float((unpad(padded, cu) - want).abs().max()) < 1e-10
+    program = analyze(find_functions(reference.parse_program(varlen))[0])
+    flex = flex_baseline(program, [q, k, v, cu, cu], compile=False)
+    assert float((flex(q, k, v).double() - want).abs().max()) < 1e-4

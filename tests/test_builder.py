@@ -34,6 +34,7 @@ EXAMPLES: dict[str, ProgramBuilder] = {
     "document": A(32, 128, kv_heads=8, name="document").rope(theta=500000.0, positions=True).causal().document(),
     "dropout": A(12, 64, name="dropout").causal().dropout(0.1),
     "t5_bias": A(12, 64, dtype="f32", name="t5_bias").scale(1.0).bias(),
+    "varlen": A(32, 128, kv_heads=8, name="varlen").rope(theta=500000.0).causal().packed(),
 }
 
 

@@ -82,10 +82,13 @@ def _argument(
     """A random call argument for a func argument type.
 
     Dynamic dims are `batch` in front of rank >= 2 tensors and for `[B]` prefix lengths
-    (named `prefix...`), `seq` otherwise.
+    (named `prefix...`), `seq` otherwise; cu_seqlens (named `cu_seqlens...`) cut `seq`
+    tokens into three sequences.
     """
     if isinstance(ty, IntegerType):
         return 1234
+    if name.startswith("cu_seqlens"):
+        return torch.tensor([0, 1, seq // 2, seq], dtype=torch.int32)
     if isinstance(ty, (ScoresType, ProbsType)):
         shape = [
             batch if i == 0 else (seq if d == DYNAMIC else d)

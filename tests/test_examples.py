@@ -71,6 +71,7 @@ def test_example_set() -> None:
         "llama3_1",
         "qwen3",
         "t5_bias",
+        "varlen",
     }
     assert set(EXAMPLE_NAMES) == expected
     assert examples.names() == EXAMPLE_NAMES
@@ -574,6 +575,41 @@ def test_document() -> None:
     assert_close(run_example("document", q, k, v, pos, doc), want)
 
 
+def test_varlen() -> None:
+    """The packed batch is its sequences run one by one (lengths 37, 1, 20): per-sequence
+    RoPE positions from 0 and causal masks, outputs concatenated along the tokens; the same
+    sequences padded into one batch and run through llama3.attn give the same rows."""
+    lengths = [S, 1, 20]
+    starts = [0, S, S + 1]
+    total = sum(lengths)
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 32, total, 128, dtype=F64, generator=g)
+    k = torch.randn(1, 8, total, 128, dtype=F64, generator=g)
+    v = torch.randn(1, 8, total, 128, dtype=F64, generator=g)
+    cu = torch.tensor([0, S, S + 1, total], dtype=torch.int32)
+    inv_freq = default_inv_freq(500000.0, 128)
+    pieces = []
+    for start, n in zip(starts, lengths):
+        rows = slice(start, start + n)
+        cos, sin = rope_cos_sin(inv_freq, arange_positions(1, n))
+        pieces.append(eager_attention(
+            apply_rotary_pos_emb(q[:, :, rows], cos, sin),
+            apply_rotary_pos_emb(k[:, :, rows], cos, sin),
+            v[:, :, rows],
+            scaling=128**-0.5,
+            keep=causal_keep(n, n),
+        ))
+    got = run_example("varlen", q, k, v, cu, cu)
+    assert_close(got, torch.cat(pieces, dim=2))
+    padded = torch.zeros(3, 32, S, 128, dtype=F64), torch.zeros(3, 8, S, 128, dtype=F64), torch.zeros(3, 8, S, 128, dtype=F64)
+    for b, (start, n) in enumerate(zip(starts, lengths)):
+        for dst, src in zip(padded, (q, k, v)):
+            dst[b, :, :n] = src[0, :, start:start + n]
+    llama = run_example("llama3", *padded)
+    for b, (start, n) in enumerate(zip(starts, lengths)):
+        assert_close(got[:, :, start:start + n], llama[b:b + 1, :, :n])
+
+
 @pytest.mark.parametrize("seq", [S, 141])
 def test_gpt_oss(seq: int) -> None:
     """S = 141 makes the 128-token window bite."""
@@ -646,6 +682,7 @@ _NUMERIC_TESTS: Sequence[str] = (
     "test_gpt_oss",
     "test_t5_bias",
     "test_dropout",
+    "test_varlen",
 )
 
 

@@ -56,6 +56,8 @@ def split_kv_blocker(program: AttentionProgram, rows: int) -> str | None:
     group = hq // hk
     online = program.online
     assert online is not None
+    if program.scores.cu_seqlens_q is not None:
+        return "a packed batch (cu_seqlens): its kernels walk a per-call schedule of sequences"
     if online.dropout_seed is not None:
         return ("dropout draws its random numbers per (batch, head), and the split kernel "
                 "packs the heads of a GQA group into one tile")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from xdsl.dialects.builtin import TensorType, f32
 
 from attnfuse.analysis.masks import effective_masks, plan_masks
+from attnfuse.analysis.packing import packed_batch
 from attnfuse.dialects.attn import TilePlanAttr
 from attnfuse.program import AttentionProgram
 
@@ -47,7 +48,10 @@ def default_block_sizes(program: AttentionProgram, k_in_kernel: bool | None = No
 
 
 def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> TilePlanAttr:
-    """The plan of `program` with tiles of `block_m` x `block_n` (0: `default_block_sizes`)."""
+    """The plan of `program` with tiles of `block_m` x `block_n` (0: `default_block_sizes`).
+
+    A packed batch has no runtime block map: its kernels never leave a sequence, and a
+    data-dependent mask is evaluated on every tile of it."""
     plan = plan_masks(effective_masks(program.score_ops))
     band = plan.band
     default_m, default_n = default_block_sizes(program)
@@ -59,5 +63,5 @@ def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> 
         align="top_left" if band is None else band.align,
         exact=plan.exact,
         prefix=plan.prefix,
-        runtime_block_map=plan.runtime_map,
+        runtime_block_map=plan.runtime_map and packed_batch(program) is None,
     )

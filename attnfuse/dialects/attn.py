@@ -61,6 +61,7 @@ from attnfuse.dialects.attn_types import (
     Option,
     ProbsType,
     ScoresType,
+    cu_seqlens_type,
     dims_compatible,
     format_dims,
     int_tensor,
@@ -261,19 +262,30 @@ class QKNormOp(AttnSyntaxOp):
 class ScoresOp(AttnSyntaxOp):
     """`S = Q K^T * scale`; query head h reads key head `h // (Hq / Hkv)` (GQA).
 
+    With `cu_seqlens_q` and `cu_seqlens_k` the batch is *packed*: q is
+    `[1, Hq, total_q, D]`, k `[1, Hkv, total_k, D]`, sequence `i` holds tokens
+    `cu[i] <= t < cu[i + 1]` of each, and the scores are one `[len_q(i), len_k(i)]` block
+    per sequence (the result's batch dim counts sequences). The program then runs on
+    every sequence alone: Q/K transforms and score ops see indices within the sequence.
+
     ```mlir
     %s = attn.scores %q, %k {scale = 0.0625} : tensor<?x16x?x256xbf16>, tensor<?x8x?x256xbf16> -> !attn.scores<?x16x?x?xf32>
+    %p = attn.scores %q1, %k1 cu_seqlens_q %cq cu_seqlens_k %ck : tensor<1x32x?x128xbf16>, tensor<1x8x?x128xbf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
     ```
     """
 
     name = "attn.scores"
     q = operand_def(TensorType)
     k = operand_def(TensorType)
+    cu_seqlens_q = opt_operand_def(TensorType)
+    cu_seqlens_k = opt_operand_def(TensorType)
     output = result_def(ScoresType)
     scale = opt_prop_def(FloatAttr)
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(Pure())
 
     POSITIONAL: ClassVar[tuple[str, ...]] = ("q", "k")
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("cu_seqlens_q", "cu_seqlens_k")
     EXPLICIT_RESULTS: ClassVar[bool] = True
     OPTIONS: ClassVar[tuple[Option, ...]] = (Option("scale", float, None, doc="default 1/sqrt(head_dim)"),)
 
@@ -304,6 +316,18 @@ class ScoresOp(AttnSyntaxOp):
                 raise VerifyException(f"attn.scores: result {what} dim {got} != {want}")
         if self.option("scale") is not None and self.float_option("scale") <= 0:
             raise VerifyException("attn.scores: scale must be positive")
+        if (self.cu_seqlens_q is None) != (self.cu_seqlens_k is None):
+            raise VerifyException("attn.scores: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
+        if self.cu_seqlens_q is not None and self.cu_seqlens_k is not None:
+            cu_seqlens_type(self.cu_seqlens_q.type, "attn.scores cu_seqlens_q")
+            cu_seqlens_type(self.cu_seqlens_k.type, "attn.scores cu_seqlens_k")
+            if (bq, bk) != (1, 1):
+                raise VerifyException(
+                    "attn.scores: packed q and k have batch dim 1 ([1, heads, total_tokens, head_dim]), "
+                    f"got q {format_dims(self.q.type.get_shape())} and k {format_dims(self.k.type.get_shape())}")
+            if any(d != DYNAMIC for d in (*self.output.type.dims[:1], *self.output.type.dims[2:])):
+                raise VerifyException("attn.scores: packed scores have dynamic batch, q_len and kv_len dims "
+                                      "(one [len_q, len_k] block per sequence)")
 
 
 class _ScoresToScoresOp(AttnSyntaxOp):

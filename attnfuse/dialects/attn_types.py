@@ -190,6 +190,19 @@ def int_tensor(value_type: Attribute, what: str, rank: int) -> tuple[int, ...]:
     return tuple(value_type.get_shape())
 
 
+def cu_seqlens_type(value_type: Attribute, what: str) -> None:
+    """Check the type of cumulative sequence lengths: `tensor<?xi32>` (`N + 1` entries)."""
+    if (
+        not isinstance(value_type, TensorType)
+        or len(value_type.get_shape()) != 1
+        or not isinstance(value_type.element_type, IntegerType)
+        or value_type.element_type.width.data != 32
+    ):
+        raise VerifyException(f"{what} must be tensor<?xi32> (cumulative sequence lengths), got {value_type}")
+    if value_type.get_shape()[0] == 0:
+        raise VerifyException(f"{what} needs at least one entry (N + 1 for N sequences)")
+
+
 # --------------------------------------------------------------------------- options
 
 

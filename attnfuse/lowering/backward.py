@@ -14,7 +14,9 @@
   transforms. dK/dV are summed over the group inside the program.
 
 No atomics: every gradient is written once, and vector gradients are per-program
-partials reduced on the host, so results are deterministic.
+partials reduced on the host, so results are deterministic. In a packed batch the dQ
+kernel walks (sequence, q block) slots and the dK/dV kernel (sequence, KV block) slots
+(`attnfuse.lowering.varlen`).
 """
 
 from __future__ import annotations
@@ -274,6 +276,10 @@ class DqKernel(ForwardKernel, _Recompute):
 class DkvKernel(_Recompute):
     """dK and dV for one KV block of one KV head (see the module docstring)."""
 
+    q_len: SSAValue
+    kv_len: SSAValue
+    """Query and key counts of the program's (batch element or packed) sequence."""
+
     def __init__(self, spec: BackwardSpec, name: str) -> None:
         fwd = spec.forward
         self.bspec, self.spec, self.name = spec, fwd, name
@@ -301,10 +307,15 @@ class DkvKernel(_Recompute):
         self.b = base.b = b
         bm, bn = base.block_m, base.block_n
         q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
-        assert q_len is not None and kv_len is not None
         pid_n, pid_bh = b.program_id(0, name="pid_n"), b.program_id(1, name="pid_bh")
         batch, kv_head = b.div(pid_bh, base.hk, name="batch"), b.rem(pid_bh, base.hk, name="kv_head")
-        n_start = b.mul(pid_n, bn, name="n_start")
+        kv_block = pid_n
+        if base.view is not None:  # a packed batch: (sequence, KV block) from the schedule
+            at = base.view.enter(b, pid_n)
+            batch, kv_block, q_len, kv_len = at.seq, at.block, at.q_len, at.kv_len
+        assert q_len is not None and kv_len is not None
+        self.q_len, self.kv_len = q_len, kv_len
+        n_start = b.mul(kv_block, bn, name="n_start")
         cols = b.add(n_start, b.arange(0, bn), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
         dtype = base._dtype(fwd.k)
@@ -405,8 +416,7 @@ class DkvKernel(_Recompute):
         are transposed for the dK and dV products."""
         b, base, fwd = self.b, self.base, self.spec
         t = self.options.transposed
-        q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
-        assert q_len is not None and kv_len is not None
+        q_len, kv_len = self.q_len, self.kv_len
         rows = b.add(start_m, b.arange(0, base.block_m), name="rows")
         row_ok = b.lt(rows, q_len, name="row_ok")
         dtype = base._dtype(fwd.q)

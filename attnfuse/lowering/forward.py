@@ -6,7 +6,8 @@ transforming each K tile after its load when K's transforms are fused, and keeps
 online-softmax state (running max `m`, sum `l`, fp32 accumulator) in base 2. The KV walk
 has up to three loops: masked tiles before the full ones, full tiles (no mask code) and
 masked tiles after them; a runtime block map instead walks lists of partial and full
-tiles.
+tiles. In a packed batch a program is one (sequence, q block) slot instead
+(`attnfuse.lowering.varlen`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature, TensorArg
+from attnfuse.lowering.varlen import PackedRows, SequenceView
 from attnfuse.program import AttentionProgram, ProgramError
 
 LOG2E = 1.4426950408889634
@@ -77,6 +79,8 @@ class ForwardSpec:
     rope_layout: RopeOp | None = None
     """A RoPE run outside the kernel whose column pairs the parts layout follows when no
     rope runs inside (the backward kernels rotate dQ / dK back by it in their epilogue)."""
+    packed: PackedRows | None = None
+    """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -143,6 +147,7 @@ class ForwardKernel:
         self.batch_arg = sig.scalar("B", spec.batch)
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
+        self.view = SequenceView(sig, spec.packed) if spec.packed is not None else None
 
     # ------------------------------------------------------------------ build
 
@@ -204,21 +209,27 @@ class ForwardKernel:
     def _program_coords(self) -> tuple[SSAValue, ...]:
         """Program ids and the rows of this (q block, batch x head) program; sets `coords`.
 
-        Causal-like plans number q blocks heavy-first: later q blocks visit more tiles.
+        Causal-like plans number q blocks heavy-first: later q blocks visit more tiles. In
+        a packed batch the slot of a schedule gives the sequence (as `batch`) and q block.
         """
         b, bm = self.b, self.block_m
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
-        pid_m = b.program_id(0, name="pid_m")
+        pid_m = q_block = b.program_id(0, name="pid_m")
         lower, upper = self.online.plan.get_band()
-        if upper is not None and lower is None:
-            pid_m = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
+        sequence: SSAValue | None = None
+        if self.view is not None:
+            at = self.view.enter(b, pid_m)
+            sequence, q_block, q_len, kv_len = at.seq, at.block, at.q_len, at.kv_len
+            assert q_len is not None and kv_len is not None
+        elif upper is not None and lower is None:
+            pid_m = q_block = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
         pid_bh = b.program_id(1, name="pid_bh")
-        batch = b.div(pid_bh, self.hq, name="batch")
+        batch = sequence if sequence is not None else b.div(pid_bh, self.hq, name="batch")
         head = b.rem(pid_bh, self.hq, name="head")
         kv_head = b.div(head, self.hq // self.hk, name="kv_head")
         v_head = b.div(head, self.hq // self.hv, name="v_head")
-        q_start = b.mul(pid_m, bm, name="q_start")
+        q_start = b.mul(q_block, bm, name="q_start")
         rows = b.add(q_start, b.arange(0, bm), name="rows")
         row_ok = b.lt(rows, q_len, name="row_ok")
         self.coords = (batch, head, rows, q_len, kv_len)

@@ -58,6 +58,8 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
     q_type, k_type, v_type = spec.q.type, spec.k.type, spec.v.type
     assert isinstance(q_type, TensorType) and isinstance(k_type, TensorType) and isinstance(v_type, TensorType)
     dtype = q_type.element_type
+    if spec.packed is not None:
+        return "a packed batch (cu_seqlens): TMA tiles would cross sequences"
     if not isinstance(dtype, (BFloat16Type, Float16Type)) or k_type.element_type != dtype or v_type.element_type != dtype:
         return "inputs are not all bf16 or all f16"
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]

@@ -27,13 +27,18 @@ class TensorArg:
     rank: int
     ptr: SSAValue | None = None
     strides: list[SSAValue] = field(default_factory=list)
+    row_start: SSAValue | None = None
+    """The first row (dim 2) a program reads: its sequence's start in a packed batch."""
 
     def base(self, b: TileBuilder, *indices: Value) -> SSAValue:
-        """`ptr` advanced by `sum(index_i * stride_i)` over the leading dims, in i64."""
+        """`ptr` advanced by `sum(index_i * stride_i)` over the leading dims (and to
+        `row_start`), in i64."""
         assert self.ptr is not None, "kernel not started"
         offset: Value = 0
         for index, stride in zip(indices, self.strides):
             offset = b.add(offset, b.mul(b.to_i64(index), b.to_i64(stride)))
+        if self.row_start is not None:
+            offset = b.add(offset, b.mul(b.to_i64(self.row_start), b.to_i64(self.strides[2])))
         if isinstance(offset, int):
             return self.ptr
         return b.ptr_add(self.ptr, offset, name=f"{self.name}_base")

@@ -9,14 +9,15 @@ func.func @f_backward(<f's arguments>, %out, %lse, %d_out, %d_lse) -> (dq, dk, d
 
 with the kernels of `attnfuse.lowering.backward`: the preprocess (`delta`), the dQ
 kernel, the dK/dV kernel, and — for transforms placed in pre-kernels — the pre-kernel
-recomputed and its transpose. The function's `attnfuse.grad_of` attribute lists, for each
+recomputed and its transpose; a packed batch adds the schedule kernels of its sequences
+(`attnfuse.lowering.varlen`). The function's `attnfuse.grad_of` attribute lists, for each
 result, the index of the argument it is the gradient of. Learnable operands: QK-norm
 weights, bias tensors, ALiBi slopes given as an operand, sink logits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from xdsl.context import Context
@@ -27,6 +28,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
+from attnfuse.analysis.packing import packed_batch
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -45,6 +47,7 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build
 from attnfuse.lowering.qk_side import partition
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
+from attnfuse.lowering.varlen import PackedHost, PackedRows
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -92,6 +95,7 @@ class _Builder:
         self.rotate_in_epilogue = rotate_in_epilogue
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
+        self.packed: PackedHost | None = None
 
     def pre(self, transforms: list) -> list:
         """Transforms the backward recomputes in pre-kernels.
@@ -129,6 +133,10 @@ class _Builder:
         tables = RopeTables(host, f"{self.name}_bwd", (q_len, kv_len), self.inv_freq, self.remap) \
             if self.rope_table else None
         self.tables = tables
+        packing = packed_batch(p)
+        if packing is not None:
+            self.packed = PackedHost(host, f"{self.name}_bwd", self.arg(packing.cu_q), self.arg(packing.cu_k),
+                                     q_len, kv_len)
         sides = {"q": (p.q, q, q_len), "k": (p.k, k, kv_len)}
         inputs: dict[str, SSAValue] = {}
         for tag, (side, source, seq) in sides.items():
@@ -138,9 +146,10 @@ class _Builder:
                 assert isinstance(source.type, TensorType)
                 target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
                 name = f"{self.name}_bwd_{tag}_prologue"
+                rows = self._rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, target)})
                 kernel, operands = build_prekernel(name, source, target, pre, batch, seq, self.inv_freq, {}, self.remap,
-                                                   rope_table=tables)
-                self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
+                                                   rope_table=tables, packed=rows)
+                self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch, rows)
                 inputs[tag] = target
 
         delta = host.alloc(_lse_type(out.type), {0: batch, 2: q_len}, "delta")
@@ -148,8 +157,11 @@ class _Builder:
                                             batch, q_len, hq, self.block_m)
         self._launch(kernel.sym_name.data, kernel, operands, q_len, self.block_m, q, batch)
 
-        n_q = host.cdiv(q_len, self.block_m, "n_q_blocks")
-        n_kv = host.cdiv(kv_len, self.block_n, "n_kv_blocks")
+        # Programs per (batch, head) of the dQ and dK/dV kernels: blocks, or schedule slots.
+        n_q = self.packed.schedule("q", self.block_m).slots if self.packed else host.cdiv(
+            q_len, self.block_m, "n_q_blocks")
+        n_kv = self.packed.schedule("k", self.block_n).slots if self.packed else host.cdiv(
+            kv_len, self.block_n, "n_kv_blocks")
         grads = GradBuffers()
         for index, op in enumerate(p.score_ops):
             if isinstance(op, BiasOp) and op.kind_name == "tensor":
@@ -188,13 +200,17 @@ class _Builder:
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
             rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
-        spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
+        q_rows, k_rows = (inputs["q"], out, lse, d_out, delta, d_q), (inputs["k"], v, d_k, d_v)
+        dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
+        spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
                             q_epilogue=epilogue["q"], k_epilogue=epilogue["k"])
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
-        self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch)
-        dkv_kernel = DkvKernel(spec, f"{self.name}_bwd_dkdv")
+        self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch,
+                     dq_rows)
+        dkv_rows = self._rows("k", self.block_n, q_rows, k_rows)
+        dkv_kernel = DkvKernel(replace(spec, forward=replace(fwd_spec, packed=dkv_rows)), f"{self.name}_bwd_dkdv")
         self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
-                     self.block_n, k, batch)
+                     self.block_n, k, batch, dkv_rows)
 
         side_weight_grads: dict[int, SSAValue] = {}
         if not epilogue["q"]:
@@ -207,6 +223,8 @@ class _Builder:
         self._learnable(grads, q_kernel_tf, k_kernel_tf, side_weight_grads)
         if tables is not None:
             self.kernels.extend(tables.kernels)
+        if self.packed is not None:
+            self.kernels.extend(self.packed.kernels)
         self.host.builder.insert(func.ReturnOp(*self.results))
         bwd = func.FuncOp(
             f"{self.name}_backward",
@@ -219,13 +237,20 @@ class _Builder:
     # ------------------------------------------------------------------ helpers
 
     def _launch(self, name: str, kernel: Operation, operands: list[SSAValue], length: SSAValue,
-                block: int, heads_of: SSAValue, batch: SSAValue) -> None:
+                block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None) -> None:
+        """Launch over blocks of `length` (or the slots of `packed`'s schedule) x batch x heads."""
         if kernel not in self.kernels:
             self.kernels.append(kernel)
         heads = _dim(heads_of.type, 1)
-        grid = [self.host.cdiv(length, block, "grid_0"), self.host.mul(batch, heads, "grid_1"),
-                self.host.const(1, "one")]
+        blocks = packed.schedule.slots if packed is not None else self.host.cdiv(length, block, "grid_0")
+        grid = [blocks, self.host.mul(batch, heads, "grid_1"), self.host.const(1, "one")]
         self.host.launch(name, grid, operands)
+
+    def _rows(self, side: str, block: int, q_rows: tuple[SSAValue, ...] = (),
+              k_rows: tuple[SSAValue, ...] = ()) -> PackedRows | None:
+        """In a packed batch, the `PackedRows` of a kernel walking `side`'s sequences in
+        blocks of `block`, reading `q_rows` (query tokens) and `k_rows` (key tokens)."""
+        return self.packed.rows(side, block, q_rows, k_rows) if self.packed is not None else None
 
     def _epilogue_ropes(self) -> dict[str, list[RopeOp]]:
         """Per side, the pre-kernel RoPEs that the dQ / dK/dV kernels undo in their
@@ -255,15 +280,17 @@ class _Builder:
             return grad
         host = self.host
         heads, head_dim = _dim(source.type, 1), _dim(source.type, 3)
-        n_blocks = host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_row_blocks")
+        n_blocks = self.packed.schedule(tag, ROWS_PER_PROGRAM).slots if self.packed else host.cdiv(
+            seq, ROWS_PER_PROGRAM, f"{tag}_row_blocks")
         slots = host.emit(arith.MuliOp(host.mul(batch, heads, f"{tag}_pre_bh"), n_blocks), f"{tag}_pre_slots")
         partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_{tag}_norm_w{i}")
                     for i, op in enumerate(pre) if isinstance(op, QKNormOp) and op.weight is not None}
         target = host.alloc(source.type, {0: batch, 2: seq}, f"d_{tag}")
         name = f"{self.name}_bwd_{tag}_prologue_transpose"
+        rows = self._rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, grad, target)})
         kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,
-                                                    partials, self.remap, rope_table=self.tables)
-        self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch)
+                                                    partials, self.remap, rope_table=self.tables, packed=rows)
+        self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch, rows)
         for i, buffer in partials.items():
             weight = pre[i].weight
             assert isinstance(pre[i], QKNormOp) and weight is not None

@@ -5,6 +5,7 @@ Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
 
 * a pre-kernel per side whose transforms were placed in a `prekernel`,
 * a block-map kernel when the tile plan asks for a runtime block map,
+* the schedule kernels of a packed batch (see `attnfuse.lowering.varlen`),
 * the fused forward kernel (see `attnfuse.lowering.forward`),
 * with a `#attn.split_kv` plan (`split-kv`), the split and combine kernels of decoding
   calls (see `attnfuse.lowering.split_kv`), and host code choosing per call,
@@ -46,6 +47,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
+from attnfuse.analysis.packing import packed_batch
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
@@ -57,6 +59,7 @@ from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.split_kv import lower_split_kv
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
+from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -167,6 +170,9 @@ class LowerToTilePass(ModulePass):
         kv_len = host.emit(DimOp(k, 2), "kv_len")
         one = host.const(1, "one")
         kernels: list[Operation] = []
+        packing = packed_batch(program)
+        packed = PackedHost(host, fname, args[program.arg(packing.cu_q)], args[program.arg(packing.cu_k)],
+                            q_len, kv_len) if packing is not None else None
 
         def inv_freq(rope: RopeOp) -> SSAValue:
             return host.table(rope_inverse_frequencies(rope))
@@ -180,9 +186,12 @@ class LowerToTilePass(ModulePass):
             assert isinstance(source.type, TensorType)
             target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
             name = f"{fname}_{tag}_prologue"
-            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables)
+            rows = packed.rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, target)}) if packed else None
+            kernel, operands = build_prekernel(name, source, target, pre, batch, seq, inv_freq, {}, rope_table=tables,
+                                               packed=rows)
             heads = source.type.get_shape()[1]
-            grid = [host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s"), host.mul(batch, heads, f"{tag}_grid_bh"), one]
+            grid_s = rows.schedule.slots if rows else host.cdiv(seq, ROWS_PER_PROGRAM, f"{tag}_grid_s")
+            grid = [grid_s, host.mul(batch, heads, f"{tag}_grid_bh"), one]
             host.launch(name, grid, operands)
             kernels.append(kernel)
             if tag == "q":
@@ -217,16 +226,19 @@ class LowerToTilePass(ModulePass):
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
+            packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
         )
         hopper = lower_hopper_forward(spec, host, fname, one) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
         if hopper is not None:
             kernels.extend(hopper[1])
-        grid_m = host.cdiv(q_len, block_m, "grid_m")
+        if packed is not None:
+            kernels.extend(packed.kernels)
+        grid_m = spec.packed.schedule.slots if spec.packed else host.cdiv(q_len, block_m, "grid_m")
         if online.split_kv is not None:
             # Split-KV runs for Sq * group <= its rows, hopper-forward for Sq % 128 == 0:
-            # never both in one shape class.
+            # never both in one shape class (and neither for packed batches).
             split = lower_split_kv(host, spec, online.split_kv, fname, one)
             kernels.extend(split.kernels)
             grid_m = split.unless_decoding(host, grid_m, "grid_m")

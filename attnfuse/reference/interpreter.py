@@ -7,7 +7,9 @@ differentiable end to end; masked entries are `-inf` and the softmax is written 
 fully masked row gives probabilities 0 with zero (never NaN) gradients.
 
 Values: tensors are float64 (float element types) or int64 (integer element types);
-`i64` scalars (dropout seeds) are Python ints.
+`i64` scalars (dropout seeds) are Python ints. A packed batch (cu_seqlens on
+`attn.scores`) is evaluated densely with its segments kept beside the scores
+(`attnfuse.reference.packing`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from xdsl.dialects.func import FuncOp, ReturnOp
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects.attn import (
+    SCORE_OPS,
     BiasOp,
     DropoutOp,
     MaskOp,
@@ -30,6 +33,7 @@ from attnfuse.dialects.attn import (
     SoftmaxOp,
     WeightedSumOp,
 )
+from attnfuse.reference.packing import Packing, PackingError, Segments, segments, transform_segments
 from attnfuse.reference.regions import evaluate_region
 from attnfuse.reference.rope import RopeParams, apply_rope
 from attnfuse.rng import dropout_keep
@@ -54,6 +58,10 @@ class Frame:
 
     def __init__(self) -> None:
         self.values: dict[SSAValue, Value] = {}
+        self.packing: dict[SSAValue, Packing] = {}
+        """Scores and probabilities of a packed batch -> its segments."""
+        self.segments_of: dict[Operation, SSAValue] = {}
+        """Q/K transforms of a packed batch -> the cu_seqlens of their side."""
 
     def __getitem__(self, value: SSAValue) -> Value:
         return self.values[value]
@@ -88,6 +96,7 @@ def impl(op_type: type[Operation]) -> Callable[[Callable[..., tuple[Value, ...]]
 def interpret(func: FuncOp, args: Sequence[Value]) -> tuple[list[Value], Frame]:
     """Run `func` on already checked and cast arguments; return its results and frame."""
     frame = Frame()
+    frame.segments_of = transform_segments(func)
     for block_arg, data in zip(func.body.block.args, args, strict=True):
         frame[block_arg] = data
     for op in func.body.block.ops:
@@ -98,19 +107,39 @@ def interpret(func: FuncOp, args: Sequence[Value]) -> tuple[list[Value], Frame]:
             raise ReferenceError(f"reference: no semantics for '{op.name}' in a program body")
         for result, data in zip(op.results, fn(op, frame), strict=True):
             frame[result] = data
+        if isinstance(op, (*SCORE_OPS, SoftmaxOp)) and op.operands[0] in frame.packing:
+            frame.packing[op.results[0]] = frame.packing[op.operands[0]]
     raise ReferenceError(f"reference: @{func.sym_name.data} has no func.return")
 
 
-def _grid(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Index tensors b, h, q, kv (int64) shaped to broadcast over `[B, H, Sq, Skv]`."""
+def _grid(
+    s: torch.Tensor, packing: Packing | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index tensors b, h, q, kv (int64) shaped to broadcast over `[B, H, Sq, Skv]`; in a
+    packed batch b is the sequence and q, kv count within it."""
     b, h, sq, skv = s.shape
     dev = s.device
+    heads = torch.arange(h, device=dev).view(1, h, 1, 1)
+    if packing is not None:
+        seq, q, kv = packing.grid()
+        return seq, heads, q, kv
     return (
         torch.arange(b, device=dev).view(b, 1, 1, 1),
-        torch.arange(h, device=dev).view(1, h, 1, 1),
+        heads,
         torch.arange(sq, device=dev).view(1, 1, sq, 1),
         torch.arange(skv, device=dev).view(1, 1, 1, skv),
     )
+
+
+def _segments(cu: torch.Tensor, total: int, what: str) -> Segments:
+    try:
+        return segments(cu, total, what)
+    except PackingError as error:
+        raise ReferenceError(str(error)) from None
+
+
+def _unpacked(op: Operation, frame: Frame, what: str) -> None:
+    _require(op.operands[0] not in frame.packing, f"{what} indexes a padded batch: not defined on a packed batch")
 
 
 def _expand_heads(x: torch.Tensor, heads: int, what: str) -> torch.Tensor:
@@ -131,7 +160,11 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
     x = frame.tensor(op.input)
     batch, _, seq, _ = x.shape
     positions = frame.optional(op.positions)
-    if positions is None:
+    packed = frame.segments_of.get(op)
+    if packed is not None:  # a side of a packed batch: positions restart in every sequence
+        _require(positions is None, "attn.rope: positions are not defined on a packed batch")
+        positions = _segments(frame.tensor(packed), seq, "attn.rope cu_seqlens").local + op.int_option("offset")
+    elif positions is None:
         positions = torch.arange(seq, dtype=torch.int64, device=x.device) + op.int_option("offset")
     else:
         _require(
@@ -172,6 +205,11 @@ def run_scores(op: ScoresOp, frame: Frame) -> tuple[Value, ...]:
         q.shape[3] == k.shape[3], f"attn.scores: q head_dim {q.shape[3]} != k head_dim {k.shape[3]}"
     )
     k = _expand_heads(k, q.shape[1], "attn.scores")
+    if op.cu_seqlens_q is not None and op.cu_seqlens_k is not None:
+        _require(q.shape[0] == 1, f"attn.scores: a packed batch has batch dim 1, got {q.shape[0]}")
+        frame.packing[op.output] = Packing(
+            _segments(frame.tensor(op.cu_seqlens_q), q.shape[2], "attn.scores cu_seqlens_q"),
+            _segments(frame.tensor(op.cu_seqlens_k), k.shape[2], "attn.scores cu_seqlens_k"))
     return (torch.matmul(q, k.transpose(-1, -2)) * op.scale_value(),)
 
 
@@ -202,8 +240,9 @@ def run_bias(op: BiasOp, frame: Frame) -> tuple[Value, ...]:
         if slopes is None:
             slopes = alibi_slopes(heads, op.float_option("max_bias")).to(s.device)
         _require(slopes.shape == (heads,), f"attn.bias: slopes must have shape ({heads},)")
-        _, _, q, kv = _grid(s)
+        _, _, q, kv = _grid(s, frame.packing.get(op.input))
         return (s + slopes.view(1, heads, 1, 1) * (kv - q).to(torch.float64),)
+    _unpacked(op, frame, "attn.bias tensor")
     bias = frame.tensor(op.bias[0])
     for dim, (got, full) in enumerate(zip(bias.shape, s.shape)):
         _require(got in (1, full), f"attn.bias: bias dim {dim} is {got}, must be 1 or {full}")
@@ -217,8 +256,13 @@ def run_softcap(op: SoftcapOp, frame: Frame) -> tuple[Value, ...]:
     return (cap * torch.tanh(frame.tensor(op.input) / cap),)
 
 
-def _window_offset(op: MaskOp, s: torch.Tensor) -> int:
-    return s.shape[3] - s.shape[2] if op.str_option("align") == "bottom_right" else 0
+def _window_offset(op: MaskOp, s: torch.Tensor, packing: Packing | None) -> int | torch.Tensor:
+    if op.str_option("align") != "bottom_right":
+        return 0
+    if packing is not None:
+        q_len, kv_len = packing.lengths()
+        return kv_len - q_len
+    return s.shape[3] - s.shape[2]
 
 
 def _document_keep(op: MaskOp, frame: Frame, s: torch.Tensor) -> torch.Tensor:
@@ -235,9 +279,9 @@ def _document_keep(op: MaskOp, frame: Frame, s: torch.Tensor) -> torch.Tensor:
     return ids_q[:, None, :, None] == ids_kv[:, None, None, :]
 
 
-def _prefix_keep(op: MaskOp, frame: Frame, s: torch.Tensor) -> torch.Tensor:
-    _, _, q, kv = _grid(s)
+def _prefix_keep(op: MaskOp, frame: Frame, s: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     if op.args:
+        _unpacked(op, frame, "attn.mask prefix_lm with prefix lengths")
         prefix = frame.tensor(op.args[0])
         _require(
             prefix.shape == (s.shape[0],),
@@ -263,10 +307,11 @@ def run_mask(op: MaskOp, frame: Frame) -> tuple[Value, ...]:
     kv < prefix` (option, or operand[b]); custom: the region's i1 result.
     """
     s = frame.tensor(op.input)
-    b, h, q, kv = _grid(s)
+    packing = frame.packing.get(op.input)
+    b, h, q, kv = _grid(s, packing)
     kind = op.kind_name
     if kind in ("causal", "sliding_window"):
-        diag = q + _window_offset(op, s)
+        diag = q + _window_offset(op, s, packing)
         if kind == "causal":
             keep = kv <= diag
         else:
@@ -276,9 +321,10 @@ def run_mask(op: MaskOp, frame: Frame) -> tuple[Value, ...]:
             if (right := op.option("right")) is not None:
                 keep = keep & (kv <= diag + int(right))
     elif kind == "document":
+        _unpacked(op, frame, "attn.mask document")
         keep = _document_keep(op, frame, s)
     elif kind == "prefix_lm":
-        keep = _prefix_keep(op, frame, s)
+        keep = _prefix_keep(op, frame, s, q, kv)
     elif kind == "custom":
         args = [b, h, q, kv, *_captures(frame, op.args)]
         (keep,) = evaluate_region(op.predicate, args, "attn.mask custom")
@@ -291,7 +337,7 @@ def run_mask(op: MaskOp, frame: Frame) -> tuple[Value, ...]:
 def run_score_mod(op: ScoreModOp, frame: Frame) -> tuple[Value, ...]:
     """`S = f(S, b, h, q_idx, kv_idx, captures...)`, the region evaluated elementwise."""
     s = frame.tensor(op.input)
-    args = [s, *_grid(s), *_captures(frame, op.captures)]
+    args = [s, *_grid(s, frame.packing.get(op.input)), *_captures(frame, op.captures)]
     (out,) = evaluate_region(op.body, args, "attn.score_mod")
     return (out.to(torch.float64).expand(s.shape),)
 
@@ -310,6 +356,9 @@ def run_softmax(op: SoftmaxOp, frame: Frame) -> tuple[Value, ...]:
     not depend on it).
     """
     s = frame.tensor(op.input)
+    packing = frame.packing.get(op.input)
+    if packing is not None:  # scores pairing two sequences belong to neither
+        s = torch.where(packing.same_sequence(), s, NEG_INF)
     row_max = s.detach().amax(dim=-1, keepdim=True)
     sinks = frame.optional(op.sinks)
     dominant = None
@@ -351,6 +400,7 @@ def _seed(data: Value) -> int:
 @impl(DropoutOp)
 def run_dropout(op: DropoutOp, frame: Frame) -> tuple[Value, ...]:
     """`P * keep / (1 - p)`, keep from `attnfuse.rng.dropout_keep` (Triton's Philox stream)."""
+    _unpacked(op, frame, "attn.dropout")
     probs = frame.tensor(op.input)
     p = op.float_option("p")
     keep = dropout_keep(_seed(frame[op.seed]), *probs.shape, p, device=probs.device)

@@ -3,8 +3,14 @@
 `ArgumentChecker.check` validates a call against the program's signature (count,
 kinds, layouts, dtypes, devices, dynamic dims) the first time a shape class is seen;
 `ArgumentChecker.scalars` converts and range-checks the integer scalars (seeds) of every
+call; `ArgumentChecker.segment_values` checks the cu_seqlens of a packed batch on every
 call; `check_int32_layout` guards the 32-bit indexing of kernels. Every failure is an
 `AttnfuseArgumentError` naming the argument and what was expected.
+
+The kernels of a packed batch trust its cu_seqlens: `N + 1` int32 entries rising from 0
+to the token count of their side, with as many sequences for q as for k. Entries that
+break this would send kernels out of bounds, so their values are checked on every call,
+on a host copy: on a GPU, one small device-to-host copy per call, a synchronisation.
 """
 
 from __future__ import annotations
@@ -108,12 +114,15 @@ class ArgumentChecker:
     """The checks of one program's calls (see the module docstring)."""
 
     def __init__(self, name: str, parameters: Sequence[Parameter], symbolic: dict[int, tuple[str | int, ...]],
-                 shared_length: int | None, qkv: tuple[int, int, int]) -> None:
+                 shared_length: int | None, qkv: tuple[int, int, int],
+                 segments: Sequence[tuple[int, str]] = ()) -> None:
         self.name = name
         self.parameters = list(parameters)
         self.symbolic = symbolic
         self.shared_length = shared_length
         self.qkv = qkv
+        self.segments = [(self.parameters[index], side) for index, side in segments]
+        """The cu_seqlens of a packed batch and the length they cut (`Sq` or `Skv`)."""
         self.scalar_params = [p for p in self.parameters if not isinstance(p.type, TensorType)]
 
     def scalars(self, args: Sequence[Any]) -> Sequence[Any]:
@@ -165,7 +174,20 @@ class ArgumentChecker:
         if device is None:
             raise AttnfuseArgumentError("no tensor arguments")
         self._check_consistent(args)
+        self._check_segment_shapes(args)
         return device
+
+    def segment_values(self, args: Sequence[Any]) -> None:
+        """Every cu_seqlens rises from 0 to its side's token count (see the module docstring)."""
+        if not self.segments:
+            return
+        sizes = self.sizes(args)
+        read: dict[int, torch.Tensor] = {}  # one copy to the host per tensor (q's and k's may be one)
+        for param, side in self.segments:
+            cu = args[param.index]
+            values = read.setdefault(id(cu), cu.cpu())
+            if _bad_segments(values, sizes[side]):
+                raise AttnfuseArgumentError(_segments_problem(param, values.tolist(), side, sizes[side]))
 
     def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
         """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k."""
@@ -181,6 +203,23 @@ class ArgumentChecker:
             return tuple(args[index].shape)
         sizes = self.sizes(args)
         return tuple(sizes[s] if isinstance(s, str) else s for s in symbols)
+
+    def _check_segment_shapes(self, args: Sequence[Any]) -> None:
+        """At least one entry each, and as many sequences for q as for k."""
+        first: tuple[Parameter, int] | None = None
+        for param, _ in self.segments:
+            entries = args[param.index].shape[0]
+            if entries == 0:
+                raise AttnfuseArgumentError(f"argument {param.index} '{param.name}': cu_seqlens needs N + 1 "
+                                            "entries for N sequences, got none")
+            if first is None:
+                first = (param, entries)
+            elif entries != first[1]:
+                other, count = first
+                raise AttnfuseArgumentError(
+                    f"argument {param.index} '{param.name}': {entries} entries ({_sequences(entries)}), but "
+                    f"argument {other.index} '{other.name}' has {count} ({_sequences(count)}): queries and "
+                    "keys pack the same sequences")
 
     def _check_consistent(self, args: Sequence[Any]) -> None:
         """Dynamic dims must agree: batch `B` and lengths `Sq` / `Skv` are read off q and
@@ -204,3 +243,25 @@ class ArgumentChecker:
                 raise AttnfuseArgumentError(
                     f"argument {index} '{param.name}': expected shape [{shown}], got {tuple(arg.shape)}"
                 )
+
+
+_TOKENS = {"Sq": "query tokens (dim 2 of q)", "Skv": "key tokens (dim 2 of k)"}
+
+
+def _sequences(entries: int) -> str:
+    return "1 sequence" if entries == 2 else f"{entries - 1} sequences"
+
+
+def _bad_segments(cu: torch.Tensor, total: int) -> bool:
+    return bool(cu[0] != 0) or bool(cu[-1] != total) or bool((cu[1:] < cu[:-1]).any())
+
+
+def _segments_problem(param: Parameter, values: list[int], side: str, total: int) -> str:
+    where = f"argument {param.index} '{param.name}'"
+    if values[0] != 0:
+        return f"{where}: cu_seqlens must start at 0, got {values[0]}"
+    drop = next((i for i in range(1, len(values)) if values[i] < values[i - 1]), None)
+    if drop is not None:
+        return (f"{where}: cu_seqlens must not decrease, got {values[drop - 1]} then {values[drop]} "
+                f"(entries {drop - 1} and {drop})")
+    return f"{where}: cu_seqlens must end at the {total} {_TOKENS[side]}, got {values[-1]}"

@@ -34,9 +34,12 @@ class Runner:
         are converted: the plan of the call's shape class, or a new one."""
         signature = call_signature(args)
         plan = self.host.plan(signature)
+        device = self.checker.check(args) if plan is None else None
+        self.checker.segment_values(args)
         if plan is not None:
             return plan.run(args)
-        return self.host.build(args, signature, self.checker.check(args))
+        assert device is not None
+        return self.host.build(args, signature, device)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
@@ -44,6 +47,7 @@ class Runner:
         assert self.backward is not None
         if d_lse is None:
             d_lse = torch.zeros_like(lse)
+        self.checker.segment_values(args)
         full = [*self.checker.scalars(args), out, lse, d_out, d_lse]
         signature = call_signature(full)
         plan = self.backward.plan(signature)

@@ -1460,3 +1460,47 @@ func.func @f(%s: !attn.scores<?x4x?x?xf32>, %v: tensor<?x2x?x64xf16>) {
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.online_softmax' op #attn.tile_plan: block_n must be a power of two >= 16, got 48
+
+// -----
+
+// a packed batch needs cu_seqlens for both sides
+func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi32>) {
+  // expected-error @+1 {{a packed batch needs both cu_seqlens_q and cu_seqlens_k}}
+  %s = attn.scores %q, %k cu_seqlens_q %cu : tensor<1x4x?x16xf16>, tensor<1x2x?x16xf16>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a packed batch needs both cu_seqlens_q and cu_seqlens_k
+
+// -----
+
+// packed q and k have batch dim 1
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %cu: tensor<?xi32>) {
+  // expected-error @+1 {{packed q and k have batch dim 1 ([1, heads, total_tokens, head_dim]), got q [?, 4, ?, 16] and k [?, 2, ?, 16]}}
+  %s = attn.scores %q, %k cu_seqlens_q %cu cu_seqlens_k %cu : tensor<?x4x?x16xf16>, tensor<?x2x?x16xf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op packed q and k have batch dim 1 ([1, heads, total_tokens, head_dim]), got q [?, 4, ?, 16] and k [?, 2, ?, 16]
+
+// -----
+
+// cumulative sequence lengths are int32
+func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi64>) {
+  // expected-error @+1 {{attn.scores cu_seqlens_q must be tensor<?xi32> (cumulative sequence lengths), got tensor<?xi64>}}
+  %s = attn.scores %q, %k cu_seqlens_q %cu cu_seqlens_k %cu : tensor<1x4x?x16xf16>, tensor<1x2x?x16xf16>, tensor<?xi64>, tensor<?xi64> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores cu_seqlens_q must be tensor<?xi32> (cumulative sequence lengths), got tensor<?xi64>
+
+// -----
+
+// packed scores count sequences, not batch rows
+func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi32>) {
+  // expected-error @+1 {{packed scores have dynamic batch, q_len and kv_len dims (one [len_q, len_k] block per sequence)}}
+  %s = attn.scores %q, %k cu_seqlens_q %cu cu_seqlens_k %cu : tensor<1x4x?x16xf16>, tensor<1x2x?x16xf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<1x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op packed scores have dynamic batch, q_len and kv_len dims (one [len_q, len_k] block per sequence)

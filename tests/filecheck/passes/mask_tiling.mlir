@@ -239,3 +239,26 @@ func.func @mask_then_score_mod(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16
   %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
   func.return %o : tensor<?x4x?x64xf16>
 }
+
+// -----
+
+// A packed batch: the band is in indices within each sequence, and a predicate the pass
+// cannot bound asks for no runtime block map (the kernels walk every tile of a sequence
+// and nothing across sequences).
+// CHECK-LABEL: func.func @packed(
+// CHECK:         attn.online_softmax %m2, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0] bottom_right>}
+func.func @packed(%q: tensor<1x4x?x64xf16>, %k: tensor<1x2x?x64xf16>, %v: tensor<1x2x?x64xf16>, %cu_q: tensor<?xi32>, %cu_k: tensor<?xi32>) -> tensor<1x4x?x64xf16> {
+  %s = attn.scores %q, %k cu_seqlens_q %cu_q cu_seqlens_k %cu_k : tensor<1x4x?x64xf16>, tensor<1x2x?x64xf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
+  %m2 = attn.mask custom %m : !attn.scores<?x4x?x?xf32> {
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %c3 = arith.constant 3 : index
+    %r = arith.remsi %ki, %c3 : index
+    %c0 = arith.constant 0 : index
+    %keep = arith.cmpi ne, %r, %c0 : index
+    attn.yield %keep : i1
+  }
+  %p = attn.softmax %m2 : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, tensor<1x2x?x64xf16> -> tensor<1x4x?x64xf16>
+  func.return %o : tensor<1x4x?x64xf16>
+}
