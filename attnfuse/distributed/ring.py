@@ -1,0 +1,255 @@
+"""Ring attention over a process group, built on the compiled kernels' lse.
+
+Each rank holds a zigzag shard (`attnfuse.distributed.sharding`) of q, k and v. K and V
+(and the K side's positions) travel around the ring, the transfer of the next shard
+overlapping the current block's kernels; partial results merge exactly in f32:
+`lse = logaddexp(lse, lse_j)`, `out = out * exp(lse_old - lse) + out_j * exp(lse_j - lse)`.
+
+The backward runs each block's compiled backward with the *global* merged out and lse
+(so `P_ij = exp(s_ij - lse_i)` and `D_i = rowsum(dO_i * O_i)` are exact per block); dQ
+accumulates locally, dK and dV accumulate in f32 buffers that travel with their shard
+and reach its owner after one full turn.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import attnfuse.api
+from attnfuse.builder import Program, ProgramBuilder
+from attnfuse.distributed import sharding
+from attnfuse.ring_split import PositionSource, RingSplit, split_for_ring
+
+__all__ = ["RingAttention"]
+
+Tensors = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """The process group as a ring: this rank, its size, its neighbours' global ranks."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    next: int
+    prev: int
+
+    @staticmethod
+    def of(group: dist.ProcessGroup | None) -> _Ring:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("attnfuse.distributed.RingAttention: torch.distributed is not initialised "
+                               "(call torch.distributed.init_process_group first)")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world))
+
+    def exchange(self, tensors: Tensors) -> tuple[Tensors, list[Any]]:
+        """Start sending `tensors` to the next rank and receiving their like from the
+        previous one: (receive buffers, requests to wait on)."""
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in received]
+        return received, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests: list[Any]) -> None:
+    for request in requests:
+        request.wait()
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One ring step's block: which program and which halves of the local shards."""
+
+    fn: attnfuse.api.AttentionFunction
+    q_rows: slice
+    kv_rows: slice
+
+
+class _Plan:
+    """The compiled block programs and the ring; chooses each step's block."""
+
+    def __init__(self, split: RingSplit, ring: _Ring, compile_kw: Mapping[str, Any]) -> None:
+        self.split, self.ring = split, ring
+        self.unmasked = attnfuse.api.compile(split.unmasked, **compile_kw)
+        self.diagonal = attnfuse.api.compile(split.diagonal, **compile_kw) if split.diagonal else None
+
+    def block(self, step: int, length: int) -> _Block:
+        """Step `step`'s block for local shards of `length` (zigzag halves of `length // 2`)."""
+        every, half = slice(0, length), length // 2
+        if self.diagonal is None:
+            return _Block(self.unmasked, every, every)
+        if step == 0:
+            return _Block(self.diagonal, every, every)
+        source = (self.ring.rank - step) % self.ring.world
+        if source < self.ring.rank:  # its first chunk precedes both of ours, its second follows them
+            return _Block(self.unmasked, every, slice(0, half))
+        return _Block(self.unmasked, slice(half, length), every)  # both its chunks precede our second
+
+    def args(self, block: _Block, q: torch.Tensor, kv: Tensors, passed: Tensors, q_pos: torch.Tensor | None
+             ) -> list[Any]:
+        k, v, *kv_pos = kv
+        rows, cols = block.q_rows, block.kv_rows
+        args: list[Any] = [q[:, :, rows], k[:, :, cols], v[:, :, cols], *passed]
+        if q_pos is not None:
+            args.append(q_pos[..., rows])
+        args += [p[..., cols] for p in kv_pos]
+        return args
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+    """Merge a block's (out, lse) into the running f32 (out, lse), in place."""
+    merged = torch.logaddexp(lse, block_lse)
+    out.mul_(torch.exp(lse - merged).unsqueeze(-1))
+    out.add_(block_out.float() * torch.exp(block_lse - merged).unsqueeze(-1))
+    lse.copy_(merged)
+
+
+class _RingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, plan: _Plan, q_pos: torch.Tensor | None, kv_pos: torch.Tensor | None,
+                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *passed: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        ring, length = plan.ring, q.shape[2]
+        kv = [k.contiguous(), v.contiguous(), *([] if kv_pos is None else [kv_pos.contiguous()])]
+        out = lse = None
+        for step in range(ring.world):
+            received, requests = ring.exchange(kv) if step + 1 < ring.world else (kv, [])
+            block = plan.block(step, length)
+            block_out, block_lse = block.fn(*plan.args(block, q, kv, list(passed), q_pos), return_lse=True)
+            if out is None or lse is None:
+                out, lse = block_out.float(), block_lse.clone()
+            else:
+                _merge(out[:, :, block.q_rows], lse[:, :, block.q_rows], block_out, block_lse)
+            _wait(requests)
+            kv = received
+        assert out is not None and lse is not None
+        result = out.to(q.dtype)
+        ctx.plan = plan
+        ctx.save_for_backward(q_pos, kv_pos, q, k, v, result, lse, *passed)
+        return result, lse
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
+        plan: _Plan = ctx.plan
+        ring = plan.ring
+        q_pos, kv_pos, q, k, v, out, lse, *passed = ctx.saved_tensors
+        length = q.shape[2]
+        d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
+        kv = [k.contiguous(), v.contiguous(), *([] if kv_pos is None else [kv_pos.contiguous()])]
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        d_kv = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
+        d_passed: list[torch.Tensor | None] = [None] * len(passed)
+        d_kv_requests: list[Any] = []
+        for step in range(ring.world):
+            received, requests = ring.exchange(kv) if step + 1 < ring.world else (kv, [])
+            block = plan.block(step, length)
+            rows, cols = block.q_rows, block.kv_rows
+            args = plan.args(block, q, kv, list(passed), q_pos)
+            grads = block.fn.gradients(args, out[:, :, rows], lse[:, :, rows].contiguous(), d_out[:, :, rows],
+                                       None if d_lse is None else d_lse[:, :, rows].contiguous())
+            dq[:, :, rows] += grads[0]
+            for i, grad in enumerate(grads[3:3 + len(passed)]):
+                if grad is not None:
+                    d_passed[i] = grad.float() if d_passed[i] is None else d_passed[i] + grad
+            _wait(d_kv_requests)
+            d_kv[0][:, :, cols] += grads[1]
+            d_kv[1][:, :, cols] += grads[2]
+            if ring.world > 1:
+                d_kv, d_kv_requests = ring.exchange(d_kv)
+            _wait(requests)
+            kv = received
+        _wait(d_kv_requests)  # after a full turn: the gradients of this rank's own k and v
+        grads_passed = [g if g is None else g.to(p.dtype) for g, p in zip(d_passed, passed)]
+        return (None, None, None, dq.to(q.dtype), d_kv[0].to(k.dtype), d_kv[1].to(v.dtype), *grads_passed)
+
+
+class RingAttention:
+    """Context-parallel attention of one program over a process group (see the module
+    docstring and docs/pytorch.md, "Context parallelism").
+
+    `program` is what `attnfuse.compile` takes (a built program, a builder, text or a
+    path, with `params`); it is split into block programs (`attnfuse.ring_split`), which
+    refuses programs with position- or row-dependent ops. Construct it after
+    `torch.distributed.init_process_group`; `group` is the context-parallel group
+    (default: the whole world).
+    """
+
+    def __init__(self, program: Program | ProgramBuilder | str | os.PathLike[str], *,
+                 group: dist.ProcessGroup | None = None, params: Mapping[str, object] | None = None,
+                 pipeline: str | None = None, target: str | None = None) -> None:
+        self.split = split_for_ring(program, params)
+        self.ring = _Ring.of(group)
+        self._plan = _Plan(self.split, self.ring, {"pipeline": pipeline, "target": target})
+        self.name = self.split.name
+
+    @property
+    def rank(self) -> int:
+        return self.ring.rank
+
+    @property
+    def world(self) -> int:
+        return self.ring.world
+
+    def shard(self, x: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        """This rank's zigzag shard of a full tensor (q, k, v: dim 2; `[B, S]` positions: dim 1)."""
+        return sharding.shard(x, dim, self.rank, self.world)
+
+    def unshard(self, x: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        """The full tensor from every rank's shard (an all-gather, not differentiable)."""
+        return sharding.unshard(x, dim, self.ring.group)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *operands: torch.Tensor,
+                 return_lse: bool = False) -> Any:
+        """Attention of this rank's shards `[B, H, S / world, D]` (zigzag, `shard`) against
+        the whole sequence; the program's other operands follow in its order (positions
+        operands as this rank's shard). Returns this rank's shard of the output (and of the
+        f32 lse `[B, H, S / world]` with `return_lse`)."""
+        self._check(q, k, v, operands)
+        length = q.shape[2]
+        user = (q, k, v, *operands)
+        q_pos = self._positions(self.split.q_positions, user, length, q.device)
+        kv_pos = self._positions(self.split.kv_positions, user, length, q.device)
+        passed = [user[i] for i in self.split.passed]
+        out, lse = _RingFunction.apply(self._plan, q_pos, kv_pos, q, k, v, *passed)
+        return (out, lse) if return_lse else out
+
+    def _positions(self, source: PositionSource | None, user: Sequence[torch.Tensor], length: int,
+                   device: torch.device) -> torch.Tensor | None:
+        if source is None:
+            return None
+        if source.operand is None:
+            positions = sharding.global_positions(length, self.rank, self.world, device) + source.offset
+            return positions.to(torch.int32)
+        return user[source.operand].to(torch.int32)
+
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, operands: Sequence[torch.Tensor]) -> None:
+        where = f"attnfuse.distributed.RingAttention(@{self.name})"
+        names = self.split.operands
+        if len(operands) != len(names):
+            raise TypeError(f"{where}: takes q, k, v and {len(names)} operand(s) ({', '.join(names) or 'none'}), "
+                            f"got {len(operands)}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(f"{where}: {name} must be this rank's shard [B, H, S / world, D], "
+                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+        length = q.shape[2]
+        if k.shape[2] != length or v.shape[2] != length or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+            raise ValueError(f"{where}: q, k and v must be shards of one sequence: [B, H, S / world, D] with the "
+                             f"same B and S / world, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if length % 2:
+            raise ValueError(f"{where}: the local length S / world ({length}) must be even (two zigzag chunks)")
+        for source in (self.split.q_positions, self.split.kv_positions):
+            if source is not None and source.operand is not None:
+                pos = operands[source.operand - 3]
+                if pos.shape[-1] != length:
+                    raise ValueError(f"{where}: positions operand '{names[source.operand - 3]}' must be this "
+                                     f"rank's shard ([B, S / world] or [S / world], S / world = {length}), "
+                                     f"got {tuple(pos.shape)}")

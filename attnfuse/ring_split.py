@@ -1,0 +1,214 @@
+"""Split an attention program into the block programs of ring attention (compile time).
+
+Context parallelism (`attnfuse.distributed`) computes attention block by block: the
+queries of one sequence shard against the keys of another. `split_for_ring` derives,
+from the user's program, the program such a block runs, by one documented rule:
+
+- Every `attn.rope` reads explicit positions: Q-side ropes a new `q_pos` argument, K-side
+  ropes a new `kv_pos` argument (rank 1 `[S]` int32, or the rank of the user's positions
+  operand). A rope on implicit positions (`index + offset`) gets the global positions
+  plus its `offset` from the wrapper; a rope on a positions operand gets that operand's
+  shard (the K side's travels with K). All ropes of one side must read one source.
+- `attn.mask causal` (either alignment: the blocks it is kept in are square) is kept in
+  the *diagonal* variant and removed in the *unmasked* one; a program without it needs
+  the unmasked variant only.
+- `attn.qk_norm` (its weights are passed through), `attn.scores`, `attn.softcap`,
+  `attn.softmax` without sinks and `attn.weighted_sum` are position-free and kept.
+- Everything else depends on global positions or on the whole row and is refused with a
+  `RingSplitError`: other masks (windows, documents, prefix-LM, `mask_mod`), `attn.bias`
+  (ALiBi, `[S, S]` tensors), `attn.score_mod`, `attn.dropout`, softmax sinks.
+
+Block programs take `(q, k, v, <the user's other operands>, [q_pos], [kv_pos])`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType, i32
+from xdsl.ir import BlockArgument, Operation
+
+from attnfuse.builder import Program, ProgramBuilder
+from attnfuse.dialects.attn import (
+    MaskOp,
+    QKNormOp,
+    RopeOp,
+    ScoresOp,
+    SoftcapOp,
+    SoftmaxOp,
+    WeightedSumOp,
+)
+from attnfuse.dialects.attn_types import DYNAMIC
+from attnfuse.program import analyze, find_functions
+
+__all__ = ["PositionSource", "RingSplit", "RingSplitError", "split_for_ring"]
+
+_WHY = {
+    "attn.bias": "adds a bias indexed by global positions (ALiBi) or a [B, H, Sq, Skv] tensor",
+    "attn.score_mod": "may read q_idx / kv_idx, which a block sees as local indices",
+    "attn.dropout": "draws its random numbers by global position",
+}
+_KEPT = (QKNormOp, RopeOp, ScoresOp, SoftcapOp, SoftmaxOp, WeightedSumOp, func.ReturnOp)
+
+
+class RingSplitError(ValueError):
+    """A program that cannot be split into ring-attention blocks."""
+
+
+@dataclass(frozen=True)
+class PositionSource:
+    """Where the positions of one side's ropes come from."""
+
+    operand: int | None
+    """Index of the user's positions argument, or None for `global index + offset`."""
+    offset: int
+    """The ropes' `offset` (implicit positions only)."""
+    rank: int
+    """Rank of the block program's positions argument: 1 (`[S]`) or 2 (`[B, S]`)."""
+
+
+@dataclass(frozen=True)
+class RingSplit:
+    """The block programs of one user program (see the module docstring)."""
+
+    name: str
+    diagonal: str | None
+    """Text of the block program with its causal mask; None for a program without one."""
+    unmasked: str
+    """Text of the block program without its causal mask."""
+    operands: tuple[str, ...]
+    """The names of the user's arguments after q, k, v."""
+    passed: tuple[int, ...]
+    """The user's arguments (indices) the block programs take after q, k, v, in order."""
+    q_positions: PositionSource | None
+    kv_positions: PositionSource | None
+    """None where the side has no rope."""
+
+    @property
+    def causal(self) -> bool:
+        return self.diagonal is not None
+
+
+def _read(program: Program | ProgramBuilder | str | os.PathLike[str], params: Mapping[str, object] | None) -> str:
+    from attnfuse.api import _read_program
+    from attnfuse.params import substitute
+
+    if isinstance(program, ProgramBuilder):
+        program = program.build()
+    text, filename = _read_program(program)
+    return substitute(text, params, filename)
+
+
+def _parse(text: str) -> tuple[ModuleOp, func.FuncOp]:
+    from attnfuse.reference import parse_program
+
+    module = parse_program(text)
+    functions = find_functions(module)
+    if len(functions) != 1:
+        raise RingSplitError(f"attnfuse.distributed: expected one attention function, found {len(functions)}")
+    return module, functions[0]
+
+
+def _refuse(name: str, op: Operation, why: str) -> RingSplitError:
+    what = op.name + (f" {op.kind.data}" if isinstance(op, MaskOp) and op.kind is not None else "")
+    return RingSplitError(
+        f"attnfuse.distributed: @{name} cannot be split over a sequence ring: '{what}' {why}; supported: "
+        "attn.rope (implicit positions or a positions operand), attn.qk_norm, attn.scores, attn.softcap, "
+        "attn.mask causal, attn.softmax without sinks, attn.weighted_sum")
+
+
+def _check(name: str, function: func.FuncOp) -> None:
+    for op in function.body.block.ops:
+        if isinstance(op, MaskOp) and op.kind is not None and op.kind.data == "causal":
+            continue
+        if isinstance(op, SoftmaxOp) and op.sinks is not None:
+            raise _refuse(name, op, "has sinks, which would be counted once per block")
+        if not isinstance(op, _KEPT) or isinstance(op, MaskOp):
+            raise _refuse(name, op, _WHY.get(op.name, "depends on global positions (not split yet)"))
+
+
+def _source(name: str, side: str, ropes: list[RopeOp]) -> PositionSource | None:
+    sources = set()
+    for rope in ropes:
+        pos = rope.positions
+        if pos is None:
+            sources.add(PositionSource(None, int(rope.option("offset") or 0), 1))
+        else:
+            assert isinstance(pos, BlockArgument) and isinstance(pos.type, TensorType)
+            sources.add(PositionSource(pos.index, 0, pos.type.get_num_dims()))
+    if len(sources) > 1:
+        raise RingSplitError(f"attnfuse.distributed: @{name}: the {side} ropes read different positions "
+                             f"({len(sources)} sources); a split needs one per side")
+    return next(iter(sources), None)
+
+
+def _variant(text: str, keep_mask: bool, q_src: PositionSource | None, kv_src: PositionSource | None,
+             dropped: set[int]) -> str:
+    """The block program: explicit positions on every rope, the causal mask kept or not."""
+    module, function = _parse(text)
+    analyzed = analyze(function)
+    block = function.body.block
+    new_args = {}
+    for side, src, arg_name in (("q", q_src, "q_pos"), ("k", kv_src, "kv_pos")):
+        if src is None:
+            continue
+        dims = [DYNAMIC] * src.rank
+        arg = block.insert_arg(TensorType(i32, dims), len(block.args))
+        arg.name_hint = arg_name
+        new_args[side] = arg
+    for side, transforms in (("q", analyzed.q.transforms), ("k", analyzed.k.transforms)):
+        for rope in [t for t in transforms if isinstance(t, RopeOp)]:
+            properties = {k: v for k, v in rope.properties.items() if k != "offset"}
+            new = RopeOp.build(operands=[rope.input, [new_args[side]]], result_types=[rope.output.type],
+                               properties=properties)
+            block.insert_op_before(new, rope)
+            new.output.name_hint = rope.output.name_hint
+            rope.output.replace_all_uses_with(new.output)
+            rope.detach()
+            rope.erase()
+    if not keep_mask:
+        for mask in [op for op in block.ops if isinstance(op, MaskOp)]:
+            mask.output.replace_all_uses_with(mask.input)
+            mask.detach()
+            mask.erase()
+    for index in sorted(dropped, reverse=True):
+        block.erase_arg(block.args[index])
+    function.update_function_type()
+    module.verify()
+    return str(module)
+
+
+def split_for_ring(program: Program | ProgramBuilder | str | os.PathLike[str],
+                   params: Mapping[str, object] | None = None) -> RingSplit:
+    """The block programs of `program` (a built program, a builder, text or a path, with
+    `params` for its placeholders); a `RingSplitError` for a program that cannot be split."""
+    text = _read(program, params)
+    _, function = _parse(text)
+    name = function.sym_name.data
+    analyzed = analyze(function)
+    if analyzed.softmax is None:
+        raise RingSplitError(f"attnfuse.distributed: @{name} is already lowered (attn.online_softmax); "
+                             "pass the attn-level program")
+    if (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg) != (0, 1, 2):
+        raise RingSplitError(f"attnfuse.distributed: @{name}: q, k, v must be the first three arguments")
+    _check(name, function)
+    for arg in function.args[3:]:
+        if isinstance(arg.type, IntegerType):
+            raise RingSplitError(f"attnfuse.distributed: @{name}: scalar argument '{arg.name_hint}' not supported")
+    q_src = _source(name, "Q", [t for t in analyzed.q.transforms if isinstance(t, RopeOp)])
+    kv_src = _source(name, "K", [t for t in analyzed.k.transforms if isinstance(t, RopeOp)])
+    dropped = {s.operand for s in (q_src, kv_src) if s is not None and s.operand is not None}
+    causal = any(isinstance(op, MaskOp) for op in function.body.block.ops)
+    passed = tuple(a.index for a in function.args[3:] if a.index not in dropped)
+    return RingSplit(
+        name=name,
+        diagonal=_variant(text, True, q_src, kv_src, dropped) if causal else None,
+        unmasked=_variant(text, False, q_src, kv_src, dropped),
+        operands=tuple(a.name_hint or f"arg{a.index}" for a in function.args[3:]),
+        passed=passed,
+        q_positions=q_src,
+        kv_positions=kv_src,
+    )
