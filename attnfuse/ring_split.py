@@ -83,6 +83,8 @@ class RingSplit:
     """The names of the user's arguments after q, k, v."""
     passed: tuple[int, ...]
     """The user's arguments (indices) the block programs take after q, k, v, in order."""
+    returns_lse: bool
+    """Whether the user's program returns (out, lse)."""
     q_positions: PositionSource | None
     kv_positions: PositionSource | None
     """None where the side has no rope."""
@@ -209,6 +211,7 @@ def split_for_ring(program: Program | ProgramBuilder | str | os.PathLike[str],
         unmasked=_variant(text, False, q_src, kv_src, dropped),
         operands=tuple(a.name_hint or f"arg{a.index}" for a in function.args[3:]),
         passed=passed,
+        returns_lse=analyzed.lse_index is not None,
         q_positions=q_src,
         kv_positions=kv_src,
     )

@@ -211,7 +211,7 @@ class RingAttention:
         """Attention of this rank's shards `[B, H, S / world, D]` (zigzag, `shard`) against
         the whole sequence; the program's other operands follow in its order (positions
         operands as this rank's shard). Returns this rank's shard of the output (and of the
-        f32 lse `[B, H, S / world]` with `return_lse`)."""
+        f32 lse `[B, H, S / world]` with `return_lse` or when the program returns it)."""
         self._check(q, k, v, operands)
         length = q.shape[2]
         user = (q, k, v, *operands)
@@ -219,7 +219,7 @@ class RingAttention:
         kv_pos = self._positions(self.split.kv_positions, user, length, q.device)
         passed = [user[i] for i in self.split.passed]
         out, lse = _RingFunction.apply(self._plan, q_pos, kv_pos, q, k, v, *passed)
-        return (out, lse) if return_lse else out
+        return (out, lse) if return_lse or self.split.returns_lse else out
 
     def _positions(self, source: PositionSource | None, user: Sequence[torch.Tensor], length: int,
                    device: torch.device) -> torch.Tensor | None:

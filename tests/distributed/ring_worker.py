@@ -4,8 +4,11 @@ For every case: the same seeded full q, k, v, operands and output gradient on ev
 the context-parallel run on this rank's zigzag shards (forward, backward, outputs and
 gradients all-gathered); on rank 0 the single-process run of the program on the full
 sequence, the float64 reference (`attnfuse.reference`) and PyTorch's own error in that
-dtype (SDPA with the same mask and heads, against SDPA in float64). Rank 0 writes the
-largest absolute errors to OUT/ring_<world>.json.
+dtype (SDPA with the same mask and heads, against SDPA in float64). The loss is
+`(out * g).sum()`, plus `(lse * g_lse).sum()` for a program that returns its lse. Rank 0
+writes the largest absolute errors to OUT/ring_<world>.json.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed/ring_worker.py OUT [CASE ...]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ B, H, HKV, D = 1, 4, 2, 16
 def _cases() -> dict[str, tuple[Any, bool, Callable[[int], list[torch.Tensor]]]]:
     """name: (builder, causal, extra operands for a full length S)."""
     base = attnfuse.attention(H, D, kv_heads=HKV, dtype="f32", name="cp")
+    half = attnfuse.attention(H, D, kv_heads=HKV, dtype="f16", name="cp_f16")
     mha = attnfuse.attention(H, D, dtype="f32", name="cp_mha")
     none: Callable[[int], list[torch.Tensor]] = lambda s: []  # noqa: E731
     return {
@@ -37,6 +41,8 @@ def _cases() -> dict[str, tuple[Any, bool, Callable[[int], list[torch.Tensor]]]]
         "noncausal_gqa": (base, False, none),
         "causal_mha_softcap": (mha.softcap(2.0).causal(), True, none),
         "rope_causal": (base.rope(theta=10000.0, offset=3).causal(), True, none),
+        "causal_lse": (base.causal().lse(), True, none),
+        "rope_causal_f16": (half.rope(theta=10000.0).causal(), True, none),
         "rope_positions_qknorm": (base.qk_norm().rope(theta=500.0, positions=True).causal(), True,
                                   lambda s: [torch.rand(D) + 0.5, torch.rand(D) + 0.5,
                                              torch.arange(s, dtype=torch.int32).flip(0).expand(B, s) * 2]),
@@ -59,23 +65,34 @@ def _torch_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     return {name: _max(a, b) for name, a, b in zip(("out", "q", "k", "v"), *results)}
 
 
+def _backward(result: tuple[torch.Tensor, ...], g: torch.Tensor, g_lse: torch.Tensor, with_lse: bool) -> None:
+    """Backward of `(out * g).sum()`, plus `(lse * g_lse).sum()` for a program returning its lse."""
+    loss = (result[0].float() * g.float()).sum()
+    if with_lse:
+        loss = loss + (result[1].float() * g_lse.float()).sum()
+    loss.backward()
+
+
 def run_case(name: str, builder: Any, causal: bool, extra: Callable[[int], list[torch.Tensor]],
              seq: int) -> dict[str, Any]:
     ring = RingAttention(builder)
     rank = ring.rank
+    dtype = {"f16": torch.float16}.get(str(builder.dtype), torch.float32)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(B, heads, seq, D) for heads in (H, builder.kv_heads, builder.kv_heads))
+    q, k, v = (torch.randn(B, heads, seq, D, dtype=dtype) for heads in (H, builder.kv_heads, builder.kv_heads))
     operands = extra(seq)
-    g = torch.randn(B, H, seq, D)
+    g, g_lse = torch.randn(B, H, seq, D, dtype=dtype), torch.randn(B, H, seq)
     names = ring.split.operands
     learn = [i for i, n in enumerate(names) if n in ("wq", "wk")]
 
     local = [ring.shard(t).requires_grad_() for t in (q, k, v)]
     local_ops = [ring.shard(t, dim=t.dim() - 1) if n == "pos" else t.clone().requires_grad_()
                  for n, t in zip(names, operands)]
-    out = ring(*local, *local_ops)
-    out.backward(ring.shard(g))
-    cp = {"out": ring.unshard(out.detach())}
+    result = ring(*local, *local_ops, return_lse=True)
+    _backward(result, ring.shard(g), ring.shard(g_lse), builder.returns_lse)
+    cp = {"out": ring.unshard(result[0].detach())}
+    if builder.returns_lse:
+        cp["lse"] = ring.unshard(result[1].detach())
     cp.update({n: ring.unshard(t.grad) for n, t in zip("qkv", local)})
     for i in learn:
         grad = local_ops[i].grad.clone()
@@ -88,13 +105,15 @@ def run_case(name: str, builder: Any, causal: bool, extra: Callable[[int], list[
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         extras = [t.detach().to(dtype).requires_grad_() if i in learn else t for i, t in enumerate(operands)]
         result = fn(*leaves, *extras)
-        result.backward(g.to(dtype))
-        grads = {n: t.grad for n, t in zip("qkv", leaves)}
-        grads.update({names[i]: extras[i].grad for i in learn})
-        return {"out": result.detach(), **grads}
+        result = result if isinstance(result, tuple) else (result,)
+        _backward(result, g.to(dtype), g_lse.to(result[-1].dtype), builder.returns_lse)
+        values = {"out": result[0].detach(), **({"lse": result[1].detach()} if builder.returns_lse else {})}
+        values.update({n: t.grad for n, t in zip("qkv", leaves)})
+        values.update({names[i]: extras[i].grad for i in learn})
+        return values
 
     program = builder.build()
-    single = autograd_run(attnfuse.compile(program), torch.float32)
+    single = autograd_run(attnfuse.compile(program), dtype)
     reference = autograd_run(lambda *a: attnfuse.reference.run(program.text(), *a), torch.float64)
     return {
         "cp_vs_reference": {n: _max(cp[n], reference[n]) for n in cp},
@@ -104,12 +123,14 @@ def run_case(name: str, builder: Any, causal: bool, extra: Callable[[int], list[
     }
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, names: list[str]) -> None:
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     seq = 8 * world
     results: dict[str, Any] = {"world": world, "seq": seq, "cases": {}}
-    for name, (builder, causal, extra) in _cases().items():
+    cases = _cases()
+    for name in names or list(cases):
+        builder, causal, extra = cases[name]
         results["cases"][name] = run_case(name, builder, causal, extra, seq)
     try:
         RingAttention(attnfuse.attention(H, D, dtype="f32").sliding_window(left=3))
@@ -121,4 +142,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
