@@ -238,8 +238,8 @@ class RingAttention:
                             f"got {len(operands)}")
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise ValueError(f"{where}: {name} must be this rank's shard [B, H, S / world, D], "
-                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{where}: {name} must be this rank's shard [B, H, S / world, D], got {got}")
         length = q.shape[2]
         if k.shape[2] != length or v.shape[2] != length or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
             raise ValueError(f"{where}: q, k and v must be shards of one sequence: [B, H, S / world, D] with the "
