@@ -15,7 +15,7 @@ positions, causal), B = 1, at every --seqs length S:
   does not fit (out of memory) is a row with an `error`; the timing rows still come.
 - **Time**: median of --iters forward and forward+backward calls after --warmup, on 2
   GPUs (the slower rank) and on 1 GPU (rank 0 alone, the other rank waiting), and the
-  speedup of 2 over 1.
+  speedup of 2 over 1; the peak memory of the timed calls (the ring's: the largest rank's).
 
 Writes DIR/context_parallel.json (rewritten after every length) and DIR/context_parallel.md.
 """
@@ -23,6 +23,7 @@ Writes DIR/context_parallel.json (rewritten after every length) and DIR/context_
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -80,7 +81,16 @@ def _median_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.de
     return statistics.median(times)
 
 
-def _slowest(ms: float, device: torch.device) -> float:
+def _peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _max_over_ranks(ms: float, device: torch.device) -> float:
     value = torch.tensor([ms], dtype=torch.float64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
@@ -132,10 +142,10 @@ def correctness(args: argparse.Namespace, ring: RingAttention, single: Any, f32:
 def timing(args: argparse.Namespace, ring: RingAttention, single: Any, seq: int, device: torch.device
            ) -> dict[str, Any]:
     """Median ms of a forward and a forward+backward on 2 GPUs (ring) and on rank 0 alone."""
-    q, k, v, g = _inputs(args, seq, device)
-    shards = [ring.shard(t).requires_grad_() for t in (q, k, v)]
-    g_local = ring.shard(g)
-    del g
+    full = _inputs(args, seq, device)
+    shards = [ring.shard(t).requires_grad_() for t in full[:3]]
+    g_local = ring.shard(full[3])
+    del full  # the ring's peak memory: its shards only
     row: dict[str, Any] = {}
 
     def ring_forward() -> None:
@@ -146,13 +156,17 @@ def timing(args: argparse.Namespace, ring: RingAttention, single: Any, seq: int,
         ring(*shards).backward(g_local)
 
     dist.barrier()
-    row["ring_fwd_ms"] = _slowest(_median_ms(ring_forward, args.warmup, args.iters, device), device)
-    row["ring_fwd_bwd_ms"] = _slowest(_median_ms(ring_step, args.warmup, args.iters, device), device)
+    _reset_peak(device)
+    row["ring_fwd_ms"] = _max_over_ranks(_median_ms(ring_forward, args.warmup, args.iters, device), device)
+    row["ring_fwd_bwd_ms"] = _max_over_ranks(_median_ms(ring_step, args.warmup, args.iters, device), device)
+    row["ring_peak_gib"] = _max_over_ranks(_peak_gib(device), device)
     del shards, g_local
     if ring.rank == 0:
+        _reset_peak(device)
         try:
-            full = [t.requires_grad_() for t in (q, k, v)]
-            g_full = _inputs(args, seq, device)[3]
+            *full, g_full = _inputs(args, seq, device)
+            for t in full:
+                t.requires_grad_()
 
             def single_forward() -> None:
                 with torch.no_grad():
@@ -165,6 +179,7 @@ def timing(args: argparse.Namespace, ring: RingAttention, single: Any, seq: int,
             row["single_fwd_bwd_ms"] = _median_ms(single_step, args.warmup, args.iters, device)
             row["speedup_fwd"] = row["single_fwd_ms"] / row["ring_fwd_ms"]
             row["speedup_fwd_bwd"] = row["single_fwd_bwd_ms"] / row["ring_fwd_bwd_ms"]
+            row["single_peak_gib"] = _peak_gib(device)
         except torch.OutOfMemoryError as error:
             row["single_error"] = f"out of memory: {str(error).splitlines()[0]}"
     dist.barrier()
@@ -179,8 +194,9 @@ def _program(args: argparse.Namespace, dtype: object) -> Any:
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Context parallelism: {result['setup']}", "",
              "| S | ring fwd ms | 1 GPU fwd ms | speedup | ring fwd+bwd ms | 1 GPU fwd+bwd ms | speedup | "
-             "out rel L2 vs 1 GPU | dq / dk / dv rel L2 vs 1 GPU | cp/f32 over 1-GPU/f32 (out, dq, dk, dv) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "out rel L2 vs 1 GPU | dq / dk / dv rel L2 vs 1 GPU | cp/f32 over 1-GPU/f32 (out, dq, dk, dv) | "
+             "peak GiB ring / 1 GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         c = row.get("correctness", {})
         rel = {n: e["rel_l2"] for n, e in c.get("cp_vs_single", {}).items()}
@@ -196,14 +212,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"{rel.get('out', float('nan')):.2g} | "
             + " / ".join(f"{rel.get(n, float('nan')):.2g}" for n in "qkv") + " | "
             + ", ".join(ratio.get(n, "n/a") for n in ("out", "q", "k", "v"))
-            + "".join(f" ({c[key]})" for key in ("error", "f32_error") if key in c) + " |")
+            + "".join(f" ({c[key]})" for key in ("error", "f32_error") if key in c)
+            + f" | {fmt('ring_peak_gib')} / {fmt('single_peak_gib')} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # read at CUDA's first use
     device = torch.device(args.device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    # rank 1 waits at a barrier while rank 0 runs (and first compiles) the 1-GPU and f32 programs
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -228,7 +247,6 @@ def main(argv: list[str] | None = None) -> None:
         dist.barrier()
         row.update(timing(args, ring, single, seq, device))
         if device.type == "cuda":
-            row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             torch.cuda.empty_cache()
         result["rows"].append(row)
         if ring.rank == 0:
