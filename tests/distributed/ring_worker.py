@@ -73,7 +73,7 @@ def _backward(result: tuple[torch.Tensor, ...], g: torch.Tensor, g_lse: torch.Te
     loss.backward()
 
 
-def run_case(name: str, builder: Any, causal: bool, extra: Callable[[int], list[torch.Tensor]],
+def run_case(builder: Any, causal: bool, extra: Callable[[int], list[torch.Tensor]],
              seq: int) -> dict[str, Any]:
     ring = RingAttention(builder)
     rank = ring.rank
@@ -131,7 +131,7 @@ def main(out_dir: str, names: list[str]) -> None:
     cases = _cases()
     for name in names or list(cases):
         builder, causal, extra = cases[name]
-        results["cases"][name] = run_case(name, builder, causal, extra, seq)
+        results["cases"][name] = run_case(builder, causal, extra, seq)
     try:
         RingAttention(attnfuse.attention(H, D, dtype="f32").sliding_window(left=3))
     except RingSplitError as error:
