@@ -12,24 +12,28 @@ from the user's program, the program such a block runs, by one documented rule:
 - `attn.mask causal` (either alignment: the blocks it is kept in are square) is kept in
   the *diagonal* variant and removed in the *unmasked* one; a program without it needs
   the unmasked variant only.
+- `attn.mask document` reads `q_doc` and `kv_doc` arguments (`[B, S]` int32): the
+  shards of the user's document ids (one operand for both sides, or `q_doc` and
+  `kv_doc`); the K side's travel with K. It is kept in both variants.
 - `attn.qk_norm` (its weights are passed through), `attn.scores`, `attn.softcap`,
   `attn.softmax` without sinks and `attn.weighted_sum` are position-free and kept.
 - Everything else depends on global positions or on the whole row and is refused with a
-  `RingSplitError`: other masks (windows, documents, prefix-LM, `mask_mod`), `attn.bias`
+  `RingSplitError`: other masks (windows, prefix-LM, `mask_mod`), `attn.bias`
   (ALiBi, `[S, S]` tensors), `attn.score_mod`, `attn.dropout`, softmax sinks.
 
-Block programs take `(q, k, v, <the user's other operands>, [q_pos], [kv_pos])`.
+Block programs take `(q, k, v, <the user's other operands>, [q_pos], [q_doc], [kv_pos],
+[kv_doc])`: the Q side's extra operands, then the K side's (which travel with K).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType, i32
-from xdsl.ir import BlockArgument, Operation
+from xdsl.ir import BlockArgument, Operation, Region
 
 from attnfuse.builder import Program, ProgramBuilder
 from attnfuse.dialects.attn import (
@@ -88,6 +92,9 @@ class RingSplit:
     q_positions: PositionSource | None
     kv_positions: PositionSource | None
     """None where the side has no rope."""
+    q_doc: int | None = None
+    kv_doc: int | None = None
+    """The user's document-ids arguments (indices) of each side; None without a document mask."""
 
     @property
     def causal(self) -> bool:
@@ -119,12 +126,12 @@ def _refuse(name: str, op: Operation, why: str) -> RingSplitError:
     return RingSplitError(
         f"attnfuse.distributed: @{name} cannot be split over a sequence ring: '{what}' {why}; supported: "
         "attn.rope (implicit positions or a positions operand), attn.qk_norm, attn.scores, attn.softcap, "
-        "attn.mask causal, attn.softmax without sinks, attn.weighted_sum")
+        "attn.mask causal, attn.mask document, attn.softmax without sinks, attn.weighted_sum")
 
 
 def _check(name: str, function: func.FuncOp) -> None:
     for op in function.body.block.ops:
-        if isinstance(op, MaskOp) and op.kind is not None and op.kind.data == "causal":
+        if isinstance(op, MaskOp) and op.kind is not None and op.kind.data in ("causal", "document"):
             continue
         if isinstance(op, SoftmaxOp) and op.sinks is not None:
             raise _refuse(name, op, "has sinks, which would be counted once per block")
@@ -147,32 +154,49 @@ def _source(name: str, side: str, ropes: list[RopeOp]) -> PositionSource | None:
     return next(iter(sources), None)
 
 
-def _variant(text: str, keep_mask: bool, q_src: PositionSource | None, kv_src: PositionSource | None,
-             dropped: set[int]) -> str:
-    """The block program: explicit positions on every rope, the causal mask kept or not."""
+def _is(op: Operation, kind: str) -> bool:
+    return isinstance(op, MaskOp) and op.kind is not None and op.kind.data == kind
+
+
+def _documents(name: str, function: func.FuncOp) -> tuple[int | None, int | None]:
+    """The user's (Q side, K side) document-ids arguments."""
+    sources = set()
+    for mask in [op for op in function.body.block.ops if _is(op, "document")]:
+        ids = list(mask.args)
+        assert all(isinstance(a, BlockArgument) for a in ids)
+        sources.add((ids[0].index, ids[-1].index))  # type: ignore[attr-defined]
+    if len(sources) > 1:
+        raise RingSplitError(f"attnfuse.distributed: @{name}: document masks read different ids; "
+                             "a split needs one pair")
+    return next(iter(sources), (None, None))
+
+
+def _variant(text: str, keep_causal: bool, split: RingSplit, dropped: set[int]) -> str:
+    """The block program: explicit positions and document ids, the causal mask kept or not."""
     module, function = _parse(text)
     analyzed = analyze(function)
     block = function.body.block
     new_args = {}
-    for side, src, arg_name in (("q", q_src, "q_pos"), ("k", kv_src, "kv_pos")):
-        if src is None:
+    documents = split.q_doc is not None
+    for arg_name, wanted, rank in (("q_pos", split.q_positions, 0), ("q_doc", documents, 2),
+                                   ("kv_pos", split.kv_positions, 0), ("kv_doc", documents, 2)):
+        if not wanted:
             continue
-        dims = [DYNAMIC] * src.rank
+        dims = [DYNAMIC] * (rank or wanted.rank)  # type: ignore[union-attr]
         arg = block.insert_arg(TensorType(i32, dims), len(block.args))
         arg.name_hint = arg_name
-        new_args[side] = arg
-    for side, transforms in (("q", analyzed.q.transforms), ("k", analyzed.k.transforms)):
+        new_args[arg_name] = arg
+    for positions, transforms in (("q_pos", analyzed.q.transforms), ("kv_pos", analyzed.k.transforms)):
         for rope in [t for t in transforms if isinstance(t, RopeOp)]:
             properties = {k: v for k, v in rope.properties.items() if k != "offset"}
-            new = RopeOp.build(operands=[rope.input, [new_args[side]]], result_types=[rope.output.type],
-                               properties=properties)
-            block.insert_op_before(new, rope)
-            new.output.name_hint = rope.output.name_hint
-            rope.output.replace_all_uses_with(new.output)
-            rope.detach()
-            rope.erase()
-    if not keep_mask:
-        for mask in [op for op in block.ops if isinstance(op, MaskOp)]:
+            _replace(rope, RopeOp.build(operands=[rope.input, [new_args[positions]]],
+                                        result_types=[rope.output.type], properties=properties))
+    for mask in [op for op in block.ops if _is(op, "document")]:
+        _replace(mask, MaskOp.build(operands=[mask.input, [new_args["q_doc"], new_args["kv_doc"]]],
+                                    result_types=[mask.output.type], properties=dict(mask.properties),
+                                    regions=[Region()]))
+    if not keep_causal:
+        for mask in [op for op in block.ops if _is(op, "causal")]:
             mask.output.replace_all_uses_with(mask.input)
             mask.detach()
             mask.erase()
@@ -181,6 +205,14 @@ def _variant(text: str, keep_mask: bool, q_src: PositionSource | None, kv_src: P
     function.update_function_type()
     module.verify()
     return str(module)
+
+
+def _replace(old: Operation, new: Operation) -> None:
+    old.parent_block().insert_op_before(new, old)  # type: ignore[union-attr]
+    new.results[0].name_hint = old.results[0].name_hint
+    old.results[0].replace_all_uses_with(new.results[0])
+    old.detach()
+    old.erase()
 
 
 def split_for_ring(program: Program | ProgramBuilder | str | os.PathLike[str],
@@ -202,16 +234,14 @@ def split_for_ring(program: Program | ProgramBuilder | str | os.PathLike[str],
             raise RingSplitError(f"attnfuse.distributed: @{name}: scalar argument '{arg.name_hint}' not supported")
     q_src = _source(name, "Q", [t for t in analyzed.q.transforms if isinstance(t, RopeOp)])
     kv_src = _source(name, "K", [t for t in analyzed.k.transforms if isinstance(t, RopeOp)])
+    q_doc, kv_doc = _documents(name, function)
     dropped = {s.operand for s in (q_src, kv_src) if s is not None and s.operand is not None}
-    causal = any(isinstance(op, MaskOp) for op in function.body.block.ops)
-    passed = tuple(a.index for a in function.args[3:] if a.index not in dropped)
-    return RingSplit(
-        name=name,
-        diagonal=_variant(text, True, q_src, kv_src, dropped) if causal else None,
-        unmasked=_variant(text, False, q_src, kv_src, dropped),
-        operands=tuple(a.name_hint or f"arg{a.index}" for a in function.args[3:]),
-        passed=passed,
-        returns_lse=analyzed.lse_index is not None,
-        q_positions=q_src,
-        kv_positions=kv_src,
-    )
+    dropped |= {i for i in (q_doc, kv_doc) if i is not None}
+    shape = RingSplit(name=name, diagonal=None, unmasked="",
+                      operands=tuple(a.name_hint or f"arg{a.index}" for a in function.args[3:]),
+                      passed=tuple(a.index for a in function.args[3:] if a.index not in dropped),
+                      returns_lse=analyzed.lse_index is not None, q_positions=q_src, kv_positions=kv_src,
+                      q_doc=q_doc, kv_doc=kv_doc)
+    causal = any(_is(op, "causal") for op in function.body.block.ops)
+    return replace(shape, unmasked=_variant(text, False, shape, dropped),
+                   diagonal=_variant(text, True, shape, dropped) if causal else None)

@@ -1,7 +1,7 @@
 """Ring attention over a process group, built on the compiled kernels' lse.
 
 Each rank holds a zigzag shard (`attnfuse.distributed.sharding`) of q, k and v. K and V
-(and the K side's positions) travel around the ring, the transfer of the next shard
+(and the K side's positions and document ids) travel around the ring, the transfer of the next shard
 overlapping the current block's kernels; partial results merge exactly in f32:
 `lse = logaddexp(lse, lse_j)`, `out = out * exp(lse_old - lse) + out_j * exp(lse_j - lse)`.
 
@@ -93,15 +93,14 @@ class _Plan:
             return _Block(self.unmasked, every, slice(0, half))
         return _Block(self.unmasked, slice(half, length), every)  # both its chunks precede our second
 
-    def args(self, block: _Block, q: torch.Tensor, kv: Tensors, passed: Tensors, q_pos: torch.Tensor | None
-             ) -> list[Any]:
-        k, v, *kv_pos = kv
+    def args(self, block: _Block, q: torch.Tensor, kv: Tensors, passed: Tensors, q_extra: Tensors) -> list[Any]:
+        """The block program's arguments: `kv` is `[k, v, <K-side positions / document ids>]`,
+        `q_extra` the Q side's positions / document ids (`[..., S]`)."""
+        k, v, *kv_extra = kv
         rows, cols = block.q_rows, block.kv_rows
         args: list[Any] = [q[:, :, rows], k[:, :, cols], v[:, :, cols], *passed]
-        if q_pos is not None:
-            args.append(q_pos[..., rows])
-        args += [p[..., cols] for p in kv_pos]
-        return args
+        args += [t[..., rows] for t in q_extra]
+        return args + [t[..., cols] for t in kv_extra]
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
@@ -114,16 +113,15 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
 
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, plan: _Plan, q_pos: torch.Tensor | None, kv_pos: torch.Tensor | None,
-                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *passed: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, plan: _Plan, q_extra: Tensors, kv_extra: Tensors, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, *passed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ring, length = plan.ring, q.shape[2]
-        kv = [k.contiguous(), v.contiguous(), *([] if kv_pos is None else [kv_pos.contiguous()])]
+        kv = [t.contiguous() for t in (k, v, *kv_extra)]
         out = lse = None
         for step in range(ring.world):
             received, requests = ring.exchange(kv) if step + 1 < ring.world else (kv, [])
             block = plan.block(step, length)
-            block_out, block_lse = block.fn(*plan.args(block, q, kv, list(passed), q_pos), return_lse=True)
+            block_out, block_lse = block.fn(*plan.args(block, q, kv, list(passed), q_extra), return_lse=True)
             if out is None or lse is None:
                 out, lse = block_out.float(), block_lse.clone()
             else:
@@ -132,18 +130,18 @@ class _RingFunction(torch.autograd.Function):
             kv = received
         assert out is not None and lse is not None
         result = out.to(q.dtype)
-        ctx.plan = plan
-        ctx.save_for_backward(q_pos, kv_pos, q, k, v, result, lse, *passed)
+        ctx.plan, ctx.q_extra, ctx.kv_extra = plan, q_extra, kv_extra  # integer tensors: no gradient
+        ctx.save_for_backward(q, k, v, result, lse, *passed)
         return result, lse
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
         plan: _Plan = ctx.plan
         ring = plan.ring
-        q_pos, kv_pos, q, k, v, out, lse, *passed = ctx.saved_tensors
+        q, k, v, out, lse, *passed = ctx.saved_tensors
         length = q.shape[2]
         d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
-        kv = [k.contiguous(), v.contiguous(), *([] if kv_pos is None else [kv_pos.contiguous()])]
+        kv = [t.contiguous() for t in (k, v, *ctx.kv_extra)]
         dq = torch.zeros_like(q, dtype=torch.float32)
         d_kv = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
         d_passed: list[torch.Tensor | None] = [None] * len(passed)
@@ -152,7 +150,7 @@ class _RingFunction(torch.autograd.Function):
             received, requests = ring.exchange(kv) if step + 1 < ring.world else (kv, [])
             block = plan.block(step, length)
             rows, cols = block.q_rows, block.kv_rows
-            args = plan.args(block, q, kv, list(passed), q_pos)
+            args = plan.args(block, q, kv, list(passed), ctx.q_extra)
             grads = block.fn.gradients(args, out[:, :, rows], lse[:, :, rows].contiguous(), d_out[:, :, rows],
                                        None if d_lse is None else d_lse[:, :, rows].contiguous())
             dq[:, :, rows] += grads[0]
@@ -210,25 +208,30 @@ class RingAttention:
                  return_lse: bool = False) -> Any:
         """Attention of this rank's shards `[B, H, S / world, D]` (zigzag, `shard`) against
         the whole sequence; the program's other operands follow in its order (positions
-        operands as this rank's shard). Returns this rank's shard of the output (and of the
+        and document ids as this rank's shard). Returns this rank's shard of the output (and of the
         f32 lse `[B, H, S / world]` with `return_lse` or when the program returns it)."""
         self._check(q, k, v, operands)
         length = q.shape[2]
         user = (q, k, v, *operands)
-        q_pos = self._positions(self.split.q_positions, user, length, q.device)
-        kv_pos = self._positions(self.split.kv_positions, user, length, q.device)
-        passed = [user[i] for i in self.split.passed]
-        out, lse = _RingFunction.apply(self._plan, q_pos, kv_pos, q, k, v, *passed)
+        split = self.split
+        q_extra = self._extra(split.q_positions, split.q_doc, user, length, q.device)
+        kv_extra = self._extra(split.kv_positions, split.kv_doc, user, length, q.device)
+        passed = [user[i] for i in split.passed]
+        out, lse = _RingFunction.apply(self._plan, q_extra, kv_extra, q, k, v, *passed)
         return (out, lse) if return_lse or self.split.returns_lse else out
 
-    def _positions(self, source: PositionSource | None, user: Sequence[torch.Tensor], length: int,
-                   device: torch.device) -> torch.Tensor | None:
-        if source is None:
-            return None
-        if source.operand is None:
-            positions = sharding.global_positions(length, self.rank, self.world, device) + source.offset
-            return positions.to(torch.int32)
-        return user[source.operand].to(torch.int32)
+    def _extra(self, positions: PositionSource | None, doc: int | None, user: Sequence[torch.Tensor], length: int,
+               device: torch.device) -> Tensors:
+        """One side's block operands: its rope positions (global, or the user's shard) and
+        its document ids, as int32."""
+        extra = []
+        if positions is not None and positions.operand is None:
+            extra.append(sharding.global_positions(length, self.rank, self.world, device) + positions.offset)
+        elif positions is not None:
+            extra.append(user[positions.operand])
+        if doc is not None:
+            extra.append(user[doc])
+        return [t.to(torch.int32) for t in extra]
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, operands: Sequence[torch.Tensor]) -> None:
         where = f"attnfuse.distributed.RingAttention(@{self.name})"
@@ -246,10 +249,11 @@ class RingAttention:
                              f"same B and S / world, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         if length % 2:
             raise ValueError(f"{where}: the local length S / world ({length}) must be even (two zigzag chunks)")
-        for source in (self.split.q_positions, self.split.kv_positions):
-            if source is not None and source.operand is not None:
-                pos = operands[source.operand - 3]
-                if pos.shape[-1] != length:
-                    raise ValueError(f"{where}: positions operand '{names[source.operand - 3]}' must be this "
-                                     f"rank's shard ([B, S / world] or [S / world], S / world = {length}), "
-                                     f"got {tuple(pos.shape)}")
+        split = self.split
+        sources = [s.operand for s in (split.q_positions, split.kv_positions) if s is not None]
+        for index in {i for i in (*sources, split.q_doc, split.kv_doc) if i is not None}:
+            ids = operands[index - 3]
+            if not isinstance(ids, torch.Tensor) or ids.shape[-1] != length:
+                got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+                raise ValueError(f"{where}: operand '{names[index - 3]}' (positions or document ids) must be this "
+                                 f"rank's shard ([B, S / world] or [S / world], S / world = {length}), got {got}")

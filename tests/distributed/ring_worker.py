@@ -36,6 +36,13 @@ def _cases() -> dict[str, tuple[Any, bool, Callable[[int], list[torch.Tensor]]]]
     half = attnfuse.attention(H, D, kv_heads=HKV, dtype="f16", name="cp_f16")
     mha = attnfuse.attention(H, D, dtype="f32", name="cp_mha")
     none: Callable[[int], list[torch.Tensor]] = lambda s: []  # noqa: E731
+
+    def documents(s: int) -> list[torch.Tensor]:
+        """Position ids restarting at every document, and the document ids (three documents)."""
+        doc = torch.bucketize(torch.arange(s), torch.tensor([s // 3, s - 5]), right=True).to(torch.int32)
+        starts = torch.tensor([0, s // 3, s - 5])[doc.long()]
+        return [(torch.arange(s) - starts).to(torch.int32).expand(B, s), doc.expand(B, s)]
+
     return {
         "causal_gqa": (base.causal(), True, none),
         "noncausal_gqa": (base, False, none),
@@ -46,6 +53,8 @@ def _cases() -> dict[str, tuple[Any, bool, Callable[[int], list[torch.Tensor]]]]
         "rope_positions_qknorm": (base.qk_norm().rope(theta=500.0, positions=True).causal(), True,
                                   lambda s: [torch.rand(D) + 0.5, torch.rand(D) + 0.5,
                                              torch.arange(s, dtype=torch.int32).flip(0).expand(B, s) * 2]),
+        "document_rope_positions": (base.rope(theta=100.0, positions=True).causal().document(), True, documents),
+        "document_separate_noncausal": (base.document(separate_kv=True), False, lambda s: documents(s)[1:] * 2),
     }
 
 
@@ -86,7 +95,8 @@ def run_case(builder: Any, causal: bool, extra: Callable[[int], list[torch.Tenso
     learn = [i for i, n in enumerate(names) if n in ("wq", "wk")]
 
     local = [ring.shard(t).requires_grad_() for t in (q, k, v)]
-    local_ops = [ring.shard(t, dim=t.dim() - 1) if n == "pos" else t.clone().requires_grad_()
+    ids = ("pos", "doc", "q_doc", "kv_doc")  # sharded like the sequence; weights are replicated
+    local_ops = [ring.shard(t, dim=t.dim() - 1) if n in ids else t.clone().requires_grad_()
                  for n, t in zip(names, operands)]
     result = ring(*local, *local_ops, return_lse=True)
     _backward(result, ring.shard(g), ring.shard(g_lse), builder.returns_lse)

@@ -26,8 +26,8 @@ from attnfuse.ring_split import RingSplitError, split_for_ring
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = ["causal_gqa", "noncausal_gqa", "causal_mha_softcap", "rope_causal", "causal_lse", "rope_causal_f16",
-         "rope_positions_qknorm"]
-THREE_RANKS = ["causal_gqa", "rope_positions_qknorm"]
+         "rope_positions_qknorm", "document_rope_positions", "document_separate_noncausal"]
+THREE_RANKS = ["causal_gqa", "rope_positions_qknorm", "document_rope_positions"]
 BOUND = 8.0
 """Allowed error, in units of PyTorch's own largest error (output or gradients) in the case's dtype."""
 
@@ -87,7 +87,6 @@ BASE = attnfuse.attention(4, 16, kv_heads=2, dtype="f32")
 
 @pytest.mark.parametrize("builder, message", [
     (BASE.sliding_window(left=3), "'attn.mask sliding_window' depends on global positions"),
-    (BASE.document(), "'attn.mask document'"),
     (BASE.prefix_lm(4), "'attn.mask prefix_lm'"),
     (BASE.mask_mod(lambda b, h, q, kv: kv <= q), "'attn.mask custom'"),
     (BASE.alibi(), "'attn.bias' adds a bias indexed by global positions"),
@@ -109,6 +108,15 @@ def test_split_variants_of_llama3() -> None:
     assert "attn.mask" not in split.unmasked
     for text in (split.diagonal, split.unmasked):
         assert "attn.rope %q positions %q_pos" in text and "attn.rope %k positions %kv_pos" in text
+
+
+def test_split_document_of_the_example() -> None:
+    split = split_for_ring(REPO / "examples" / "document.attn")
+    assert split.operands == ("pos", "doc") and split.passed == () and (split.q_doc, split.kv_doc) == (4, 4)
+    assert split.diagonal is not None and "attn.mask causal" in split.diagonal
+    for text in (split.diagonal, split.unmasked):
+        assert "attn.mask document %" in text and ", %q_doc, %kv_doc :" in text
+        assert "%q_pos: tensor<?x?xi32>, %q_doc: tensor<?x?xi32>, %kv_pos: tensor<?x?xi32>, %kv_doc" in text
 
 
 def test_split_positions_sources() -> None:
@@ -175,7 +183,7 @@ def test_argument_errors(one_rank: None) -> None:
         ring(q, kv[:, :, :4], kv, pos)
     with pytest.raises(ValueError, match=r"local length S / world \(7\) must be even"):
         ring(q[:, :, :7], kv[:, :, :7], kv[:, :, :7], pos[:, :7])
-    with pytest.raises(ValueError, match=r"positions operand 'pos' must be this rank's shard"):
+    with pytest.raises(ValueError, match=r"operand 'pos' \(positions or document ids\) must be this rank's shard"):
         ring(q, kv, kv, pos[:, :4])
 
 
