@@ -162,9 +162,10 @@ def _documents(name: str, function: func.FuncOp) -> tuple[int | None, int | None
     """The user's (Q side, K side) document-ids arguments."""
     sources = set()
     for mask in [op for op in function.body.block.ops if _is(op, "document")]:
-        ids = list(mask.args)
-        assert all(isinstance(a, BlockArgument) for a in ids)
-        sources.add((ids[0].index, ids[-1].index))  # type: ignore[attr-defined]
+        ids = [a for a in mask.args if isinstance(a, BlockArgument)]
+        if len(ids) != len(mask.args):
+            raise RingSplitError(f"attnfuse.distributed: @{name}: document ids must be function arguments")
+        sources.add((ids[0].index, ids[-1].index))
     if len(sources) > 1:
         raise RingSplitError(f"attnfuse.distributed: @{name}: document masks read different ids; "
                              "a split needs one pair")
@@ -177,15 +178,14 @@ def _variant(text: str, keep_causal: bool, split: RingSplit, dropped: set[int]) 
     analyzed = analyze(function)
     block = function.body.block
     new_args = {}
-    documents = split.q_doc is not None
-    for arg_name, wanted, rank in (("q_pos", split.q_positions, 0), ("q_doc", documents, 2),
-                                   ("kv_pos", split.kv_positions, 0), ("kv_doc", documents, 2)):
-        if not wanted:
-            continue
-        dims = [DYNAMIC] * (rank or wanted.rank)  # type: ignore[union-attr]
-        arg = block.insert_arg(TensorType(i32, dims), len(block.args))
-        arg.name_hint = arg_name
-        new_args[arg_name] = arg
+    doc_rank = 2 if split.q_doc is not None else 0
+    ranks = {"q_pos": split.q_positions.rank if split.q_positions else 0, "q_doc": doc_rank,
+             "kv_pos": split.kv_positions.rank if split.kv_positions else 0, "kv_doc": doc_rank}
+    for arg_name, rank in ranks.items():  # 0: the block program does not take it
+        if rank:
+            arg = block.insert_arg(TensorType(i32, [DYNAMIC] * rank), len(block.args))
+            arg.name_hint = arg_name
+            new_args[arg_name] = arg
     for positions, transforms in (("q_pos", analyzed.q.transforms), ("kv_pos", analyzed.k.transforms)):
         for rope in [t for t in transforms if isinstance(t, RopeOp)]:
             properties = {k: v for k, v in rope.properties.items() if k != "offset"}
