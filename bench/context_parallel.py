@@ -221,11 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # read at CUDA's first use
     device = torch.device(args.device)
-    # rank 1 waits at a barrier while rank 0 runs (and first compiles) the 1-GPU and f32 programs
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+    # rank 1 waits at a barrier while rank 0 runs (and first compiles) the 1-GPU and f32 programs
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30),
+                            device_id=device if device.type == "cuda" else None)
     ring = RingAttention(_program(args, DTYPES[args.dtype]))
     single = attnfuse.compile(_program(args, DTYPES[args.dtype]))
     f32 = attnfuse.compile(_program(args, torch.float32))
