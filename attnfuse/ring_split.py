@@ -16,10 +16,12 @@ from the user's program, the program such a block runs, by one documented rule:
   shards of the user's document ids (one operand for both sides, or `q_doc` and
   `kv_doc`); the K side's travel with K. It is kept in both variants.
 - `attn.qk_norm` (its weights are passed through), `attn.scores`, `attn.softcap`,
-  `attn.softmax` without sinks and `attn.weighted_sum` are position-free and kept.
+  `attn.softmax` and `attn.weighted_sum` are position-free and kept; softmax sinks are
+  removed from the blocks (they would count once per block): the wrapper adds them to the
+  merged lse once (`RingSplit.sinks`).
 - Everything else depends on global positions or on the whole row and is refused with a
   `RingSplitError`: other masks (windows, prefix-LM, `mask_mod`), `attn.bias`
-  (ALiBi, `[S, S]` tensors), `attn.score_mod`, `attn.dropout`, softmax sinks.
+  (ALiBi, `[S, S]` tensors), `attn.score_mod`, `attn.dropout`.
 
 Block programs take `(q, k, v, <the user's other operands>, [q_pos], [q_doc], [kv_pos],
 [kv_doc])`: the Q side's extra operands, then the K side's (which travel with K).
@@ -95,6 +97,8 @@ class RingSplit:
     q_doc: int | None = None
     kv_doc: int | None = None
     """The user's document-ids arguments (indices) of each side; None without a document mask."""
+    sinks: int | None = None
+    """The user's softmax-sinks argument (index), left out of the block programs."""
 
     @property
     def causal(self) -> bool:
@@ -126,15 +130,13 @@ def _refuse(name: str, op: Operation, why: str) -> RingSplitError:
     return RingSplitError(
         f"attnfuse.distributed: @{name} cannot be split over a sequence ring: '{what}' {why}; supported: "
         "attn.rope (implicit positions or a positions operand), attn.qk_norm, attn.scores, attn.softcap, "
-        "attn.mask causal, attn.mask document, attn.softmax without sinks, attn.weighted_sum")
+        "attn.mask causal, attn.mask document, attn.softmax (with or without sinks), attn.weighted_sum")
 
 
 def _check(name: str, function: func.FuncOp) -> None:
     for op in function.body.block.ops:
         if isinstance(op, MaskOp) and op.kind is not None and op.kind.data in ("causal", "document"):
             continue
-        if isinstance(op, SoftmaxOp) and op.sinks is not None:
-            raise _refuse(name, op, "has sinks, which would be counted once per block")
         if not isinstance(op, _KEPT) or isinstance(op, MaskOp):
             raise _refuse(name, op, _WHY.get(op.name, "depends on global positions (not split yet)"))
 
@@ -195,6 +197,8 @@ def _variant(text: str, keep_causal: bool, split: RingSplit, dropped: set[int]) 
         _replace(mask, MaskOp.build(operands=[mask.input, [new_args["q_doc"], new_args["kv_doc"]]],
                                     result_types=[mask.output.type], properties=dict(mask.properties),
                                     regions=[Region()]))
+    for softmax in [op for op in block.ops if isinstance(op, SoftmaxOp)]:
+        softmax.operands = [softmax.input]  # the wrapper adds the sinks once, after the merge
     if not keep_causal:
         for mask in [op for op in block.ops if _is(op, "causal")]:
             mask.output.replace_all_uses_with(mask.input)
@@ -236,12 +240,16 @@ def split_for_ring(program: Program | ProgramBuilder | str | os.PathLike[str],
     kv_src = _source(name, "K", [t for t in analyzed.k.transforms if isinstance(t, RopeOp)])
     q_doc, kv_doc = _documents(name, function)
     dropped = {s.operand for s in (q_src, kv_src) if s is not None and s.operand is not None}
-    dropped |= {i for i in (q_doc, kv_doc) if i is not None}
+    sinks = analyzed.softmax.sinks
+    if sinks is not None and not isinstance(sinks, BlockArgument):
+        raise RingSplitError(f"attnfuse.distributed: @{name}: the sinks must be a function argument")
+    sinks_index = None if sinks is None else sinks.index
+    dropped |= {i for i in (q_doc, kv_doc, sinks_index) if i is not None}
     shape = RingSplit(name=name, diagonal=None, unmasked="",
                       operands=tuple(a.name_hint or f"arg{a.index}" for a in function.args[3:]),
                       passed=tuple(a.index for a in function.args[3:] if a.index not in dropped),
                       returns_lse=analyzed.lse_index is not None, q_positions=q_src, kv_positions=kv_src,
-                      q_doc=q_doc, kv_doc=kv_doc)
+                      q_doc=q_doc, kv_doc=kv_doc, sinks=sinks_index)
     causal = any(_is(op, "causal") for op in function.body.block.ops)
     return replace(shape, unmasked=_variant(text, False, shape, dropped),
                    diagonal=_variant(text, True, shape, dropped) if causal else None)

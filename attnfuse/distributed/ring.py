@@ -8,7 +8,8 @@ overlapping the current block's kernels; partial results merge exactly in f32:
 The backward runs each block's compiled backward with the *global* merged out and lse
 (so `P_ij = exp(s_ij - lse_i)` and `D_i = rowsum(dO_i * O_i)` are exact per block); dQ
 accumulates locally, dK and dV accumulate in f32 buffers that travel with their shard
-and reach its owner after one full turn.
+and reach its owner after one full turn. Softmax sinks are added once to the merged rows
+(the blocks run without them) and their gradient is computed from the merged lse.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
 
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, plan: _Plan, q_extra: Tensors, kv_extra: Tensors, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor, *passed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, plan: _Plan, q_extra: Tensors, kv_extra: Tensors, sinks: torch.Tensor | None,
+                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *passed: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         ring, length = plan.ring, q.shape[2]
         kv = [t.contiguous() for t in (k, v, *kv_extra)]
         out = lse = None
@@ -129,16 +131,20 @@ class _RingFunction(torch.autograd.Function):
             _wait(requests)
             kv = received
         assert out is not None and lse is not None
+        if sinks is not None:  # once, in the merged denominator: lse = log(sum exp(s) + exp(sink))
+            merged = torch.logaddexp(lse, sinks.float().view(1, -1, 1).expand_as(lse))
+            out.mul_(torch.exp(lse - merged).unsqueeze(-1))
+            lse = merged
         result = out.to(q.dtype)
         ctx.plan, ctx.q_extra, ctx.kv_extra = plan, q_extra, kv_extra  # integer tensors: no gradient
-        ctx.save_for_backward(q, k, v, result, lse, *passed)
+        ctx.save_for_backward(q, k, v, result, lse, sinks, *passed)
         return result, lse
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
         plan: _Plan = ctx.plan
         ring = plan.ring
-        q, k, v, out, lse, *passed = ctx.saved_tensors
+        q, k, v, out, lse, sinks, *passed = ctx.saved_tensors
         length = q.shape[2]
         d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
         kv = [t.contiguous() for t in (k, v, *ctx.kv_extra)]
@@ -166,7 +172,17 @@ class _RingFunction(torch.autograd.Function):
             kv = received
         _wait(d_kv_requests)  # after a full turn: the gradients of this rank's own k and v
         grads_passed = [g if g is None else g.to(p.dtype) for g, p in zip(d_passed, passed)]
-        return (None, None, None, dq.to(q.dtype), d_kv[0].to(k.dtype), d_kv[1].to(v.dtype), *grads_passed)
+        d_sinks = None if sinks is None else _sinks_gradient(sinks, out, lse, d_out, d_lse)
+        return (None, None, None, d_sinks, dq.to(q.dtype), d_kv[0].to(k.dtype), d_kv[1].to(v.dtype),
+                *grads_passed)
+
+
+def _sinks_gradient(sinks: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                    d_lse: torch.Tensor | None) -> torch.Tensor:
+    """This rank's share of d(loss)/d(sinks[h]) = sum over its rows of P_sink * (d_lse - rowsum(dO * O))."""
+    p_sink = torch.exp(sinks.float().view(1, -1, 1) - lse)
+    delta = (d_out.float() * out.float()).sum(-1)
+    return (p_sink * ((0 if d_lse is None else d_lse) - delta)).sum((0, 2)).to(sinks.dtype)
 
 
 class RingAttention:
@@ -217,7 +233,8 @@ class RingAttention:
         q_extra = self._extra(split.q_positions, split.q_doc, user, length, q.device)
         kv_extra = self._extra(split.kv_positions, split.kv_doc, user, length, q.device)
         passed = [user[i] for i in split.passed]
-        out, lse = _RingFunction.apply(self._plan, q_extra, kv_extra, q, k, v, *passed)
+        sinks = None if split.sinks is None else user[split.sinks]
+        out, lse = _RingFunction.apply(self._plan, q_extra, kv_extra, sinks, q, k, v, *passed)
         return (out, lse) if return_lse or self.split.returns_lse else out
 
     def _extra(self, positions: PositionSource | None, doc: int | None, user: Sequence[torch.Tensor], length: int,

@@ -54,6 +54,7 @@ def _cases() -> dict[str, tuple[Any, bool, Callable[[int], list[torch.Tensor]]]]
                                   lambda s: [torch.rand(D) + 0.5, torch.rand(D) + 0.5,
                                              torch.arange(s, dtype=torch.int32).flip(0).expand(B, s) * 2]),
         "document_rope_positions": (base.rope(theta=100.0, positions=True).causal().document(), True, documents),
+        "sinks_causal_lse": (base.causal().sinks().lse(), True, lambda s: [torch.randn(H)]),
         "document_separate_noncausal": (base.document(separate_kv=True), False, lambda s: documents(s)[1:] * 2),
     }
 
@@ -92,7 +93,7 @@ def run_case(builder: Any, causal: bool, extra: Callable[[int], list[torch.Tenso
     operands = extra(seq)
     g, g_lse = torch.randn(B, H, seq, D, dtype=dtype), torch.randn(B, H, seq)
     names = ring.split.operands
-    learn = [i for i, n in enumerate(names) if n in ("wq", "wk")]
+    learn = [i for i, n in enumerate(names) if n in ("wq", "wk", "sinks")]
 
     local = [ring.shard(t).requires_grad_() for t in (q, k, v)]
     ids = ("pos", "doc", "q_doc", "kv_doc")  # sharded like the sequence; weights are replicated

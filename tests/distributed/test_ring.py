@@ -26,7 +26,7 @@ from attnfuse.ring_split import RingSplitError, split_for_ring
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = ["causal_gqa", "noncausal_gqa", "causal_mha_softcap", "rope_causal", "causal_lse", "rope_causal_f16",
-         "rope_positions_qknorm", "document_rope_positions", "document_separate_noncausal"]
+         "rope_positions_qknorm", "document_rope_positions", "document_separate_noncausal", "sinks_causal_lse"]
 THREE_RANKS = ["causal_gqa", "rope_positions_qknorm", "document_rope_positions"]
 BOUND = 8.0
 """Allowed error, in units of PyTorch's own largest error (output or gradients) in the case's dtype."""
@@ -70,6 +70,7 @@ def test_two_ranks_match_one_process_and_reference(two_ranks: dict[str, Any], ca
 def test_two_ranks_cover_lse_and_replicated_weights(two_ranks: dict[str, Any]) -> None:
     assert "lse" in two_ranks["cases"]["causal_lse"]["cp_vs_reference"]
     assert {"wq", "wk"} <= set(two_ranks["cases"]["rope_positions_qknorm"]["cp_vs_reference"])
+    assert {"lse", "sinks"} <= set(two_ranks["cases"]["sinks_causal_lse"]["cp_vs_reference"])
 
 
 @pytest.mark.parametrize("case", THREE_RANKS)
@@ -93,7 +94,6 @@ BASE = attnfuse.attention(4, 16, kv_heads=2, dtype="f32")
     (BASE.bias(), "'attn.bias'"),
     (BASE.score_mod(lambda s, b, h, q, kv: s * 0.5), "'attn.score_mod' may read q_idx / kv_idx"),
     (BASE.dropout(0.1), "'attn.dropout' draws its random numbers by global position"),
-    (BASE.sinks(), "'attn.softmax' has sinks"),
 ])
 def test_split_refuses_position_dependent_ops(builder: Any, message: str) -> None:
     with pytest.raises(RingSplitError, match="cannot be split over a sequence ring") as error:
@@ -126,6 +126,8 @@ def test_split_positions_sources() -> None:
     operand = split_for_ring(BASE.qk_norm().rope(positions=True))
     assert not operand.causal and operand.operands == ("wq", "wk", "pos") and operand.passed == (3, 4)
     assert operand.q_positions is not None and operand.q_positions.operand == 5 and operand.q_positions.rank == 2
+    sinks = split_for_ring(BASE.causal().sinks())
+    assert sinks.sinks == 3 and sinks.passed == () and "sinks" not in sinks.unmasked
     q_only = split_for_ring(BASE.rope(on="q"))
     assert q_only.kv_positions is None and "%kv_pos" not in q_only.unmasked
 
