@@ -120,12 +120,13 @@ class _RingFunction(torch.autograd.Function):
         ring, length = plan.ring, q.shape[2]
         kv = [t.contiguous() for t in (k, v, *kv_extra)]
         out = lse = None
+        dtype = q.dtype
         for step in range(ring.world):
             received, requests = ring.exchange(kv) if step + 1 < ring.world else (kv, [])
             block = plan.block(step, length)
             block_out, block_lse = block.fn(*plan.args(block, q, kv, list(passed), q_extra), return_lse=True)
             if out is None or lse is None:
-                out, lse = block_out.float(), block_lse.clone()
+                out, lse, dtype = block_out.float(), block_lse.clone(), block_out.dtype
             else:
                 _merge(out[:, :, block.q_rows], lse[:, :, block.q_rows], block_out, block_lse)
             _wait(requests)
@@ -135,7 +136,7 @@ class _RingFunction(torch.autograd.Function):
             merged = torch.logaddexp(lse, sinks.float().view(1, -1, 1).expand_as(lse))
             out.mul_(torch.exp(lse - merged).unsqueeze(-1))
             lse = merged
-        result = out.to(q.dtype)
+        result = out.to(dtype)  # the program's output dtype
         ctx.plan, ctx.q_extra, ctx.kv_extra = plan, q_extra, kv_extra  # integer tensors: no gradient
         ctx.save_for_backward(q, k, v, result, lse, sinks, *passed)
         return result, lse
