@@ -109,7 +109,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "hopper_forward_check.json"
     cmd = [sys.executable, __file__, "--worker", str(path), "--seqs", *map(str, a.seqs)] + (["--quick"] if a.quick else [])
-    child = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     last = time.time()
     while child.poll() is None:
         time.sleep(2)
