@@ -129,6 +129,7 @@ FORWARD_VARIANTS: dict[str, str] = {
     "ablation:hybrid_no_fold_scale": pipeline("hybrid", lower="fold-scale=false"),
     "ablation:fused_no_rope_table": pipeline("fused", lower="rope-table=false"),
     "ablation:fused_128x128x8x2": pipeline("fused", "128x128x8x2"),
+    "ablation:hybrid_no_hopper_forward": pipeline("hybrid", lower="hopper-forward=false"),
 }
 """Forward rows: each strategy with the default tiles, the tiles of the previous default
 (128x64, 8 warps, 3 stages), and ablations (one optimisation off each)."""
