@@ -10,8 +10,9 @@
   weights;
 * `DkvKernel`: one program per (KV block, batch x KV head), its K tile transformed once;
   it loops over the query heads of its GQA group and the query blocks the tile plan
-  allows: `dV += P^T dO`, `dK += dS^T Q`; the epilogue takes dK back through K's
-  transforms. dK/dV are summed over the group inside the program.
+  allows (or, for data-dependent masks, those its transposed block map lists, full
+  ones without mask code): `dV += P^T dO`, `dK += dS^T Q`; the epilogue takes dK back
+  through K's transforms. dK/dV are summed over the group inside the program.
 
 No atomics: every gradient is written once, and vector gradients are per-program
 partials reduced on the host, so results are deterministic.
@@ -19,7 +20,8 @@ partials reduced on the host, so results are deterministic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import SSAValue
@@ -27,7 +29,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, load_rows
+from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, load_rows
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
@@ -61,6 +63,8 @@ class DkvOptions:
     """Walk q blocks inside every planned mask without mask code or bounds masks."""
     num_warps: int = 0
     """Warps per dK/dV program; 0 uses the dQ kernel's."""
+    block_map: bool = True
+    """Walk a transposed runtime block map when the plan has a runtime block map."""
 
 
 @dataclass
@@ -79,6 +83,9 @@ class BackwardSpec:
     before storing it, so no transpose pre-kernel and no f32 dQ buffer are needed."""
     k_epilogue: list[RopeOp] = field(default_factory=list)
     """The same for K, in the dK/dV kernel."""
+    kv_block_map: BlockMap | None = None
+    """The transposed runtime block map the dK/dV kernel walks (per kv block, its partial
+    and full q blocks); None walks the q blocks of the plan's band."""
 
 
 def _epilogue_side(ropes: list[RopeOp], fwd: ForwardSpec, sig: KernelSignature, head_dim: int,
@@ -243,6 +250,7 @@ class DqKernel(ForwardKernel, _Recompute):
         batch, head, rows, q_len, kv_len = self.coords
         cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
+        self.count_tile()
         k_in = load_parts(b, self.k_arg, self.k_base, cols, None if full_tile else col_ok, self.layout)
         dtype = self._dtype(fwd.k)
         if fwd.k_transforms:
@@ -275,9 +283,11 @@ class DkvKernel(_Recompute):
     """dK and dV for one KV block of one KV head (see the module docstring)."""
 
     def __init__(self, spec: BackwardSpec, name: str) -> None:
-        fwd = spec.forward
+        # Same layout decisions, arguments and chain as the forward; the q-block walk
+        # reads the transposed map, not the forward's.
+        fwd = replace(spec.forward, block_map=None)
         self.bspec, self.spec, self.name = spec, fwd, name
-        base = ForwardKernel(fwd, name)  # same layout decisions, arguments and chain
+        base = ForwardKernel(fwd, name)
         self.base = base
         self.layout, self.chain, self.scale = base.layout, base.chain, base.scale
         self.online = base.online
@@ -291,8 +301,14 @@ class DkvKernel(_Recompute):
         self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
         self.k_epilogue = _epilogue_side(spec.k_epilogue, fwd, sig, base.head_dim, "k_epi")
         self.options = spec.dkdv
+        self.map_args: list[TensorArg] = []
+        if spec.kv_block_map is not None:
+            m = spec.kv_block_map
+            self.map_args = [sig.tensor(n, v) for n, v in (
+                ("t_partial_count", m.partial_count), ("t_partial_index", m.partial_index),
+                ("t_full_count", m.full_count), ("t_full_index", m.full_index))]
         # Split the q walk into masked and full blocks (planned masks only, as the forward).
-        self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and fwd.block_map is None
+        self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and spec.kv_block_map is None
 
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
@@ -318,7 +334,7 @@ class DkvKernel(_Recompute):
         state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
         state.append(b.zeros((bn, dv_pad), f32, name="dv"))
         self.batch = batch
-        ranges = self._q_ranges(n_start, q_len, kv_len)
+        ranges = self._q_ranges(n_start, q_len, kv_len) if not self.map_args else []
         with b.for_(0, group, 1, inits=state, iv_name="g") as heads:
             head = b.add(b.mul(kv_head, group), heads.iv, name="head")
             self.seed_bh = None
@@ -327,10 +343,15 @@ class DkvKernel(_Recompute):
                 bh = b.add(b.mul(batch, base.hq), head)
                 self.seed_bh = b.add(base.seed_arg.value, b.mul(b.to_i64(bh), 2**32), name="seed_bh")
             carried = list(heads.carried)
+
+            def tile(start_m: SSAValue, state: list[SSAValue], full: bool, head: SSAValue = head) -> list[SSAValue]:
+                return self._tile(start_m, state, batch, head, cols, col_ok, k_parts, v, full)
+
+            if self.map_args:
+                carried = self._walk_map(carried, batch, head, pid_n, tile)
             for lo, hi, full in ranges:
                 with b.for_(lo, hi, bm, inits=carried, iv_name="start_m") as loop:
-                    loop.yield_(*self._tile(loop.iv, list(loop.carried), batch, head, cols, col_ok, k_parts, v,
-                                            full))
+                    loop.yield_(*tile(loop.iv, list(loop.carried), full))
                 carried = list(loop.results)
             heads.yield_(*carried)
         *dk_acc, dv = heads.results
@@ -347,6 +368,27 @@ class DkvKernel(_Recompute):
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.kw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
         return b.finish()
+
+    def _walk_map(self, state: list[SSAValue], batch: SSAValue, head: SSAValue, pid_n: SSAValue,
+                  tile: Callable[[SSAValue, list[SSAValue], bool], list[SSAValue]]) -> list[SSAValue]:
+        """The partial, then the full q blocks the transposed block map lists for this kv
+        block (of query head `head` when the map is per head)."""
+        b, bm = self.b, self.base.block_m
+        assert self.bspec.kv_block_map is not None
+        per_head = self.bspec.kv_block_map.per_head
+        map_head: Value = head if per_head else 0
+        map_heads = self.base.hq if per_head else 1
+        slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), b.num_programs(0)), pid_n, name="map_slot")
+        for (count_arg, index_arg), full in (((self.map_args[0], self.map_args[1]), False),
+                                             ((self.map_args[2], self.map_args[3]), True)):
+            assert count_arg.ptr is not None and index_arg.ptr is not None
+            count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
+            row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
+            with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
+                q_block = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name="q_block")
+                loop.yield_(*tile(b.mul(q_block, bm, name="start_m"), list(loop.carried), full))
+            state = list(loop.results)
+        return state
 
     def _q_range(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> tuple[Value, Value]:
         """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""
@@ -409,6 +451,7 @@ class DkvKernel(_Recompute):
         assert q_len is not None and kv_len is not None
         rows = b.add(start_m, b.arange(0, base.block_m), name="rows")
         row_ok = b.lt(rows, q_len, name="row_ok")
+        base.count_tile()
         dtype = base._dtype(fwd.q)
         q_in = load_parts(b, base.q_arg, base.q_arg.base(b, batch, head), rows, None if full_tile else row_ok,
                           self.layout)

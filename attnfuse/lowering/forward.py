@@ -318,9 +318,7 @@ class ForwardKernel:
         batch, head, rows, q_len, kv_len = self.coords
         cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
-        if self.counter_arg is not None:
-            assert self.counter_arg.ptr is not None
-            b.atomic_add(self.counter_arg.ptr, 0, 1)
+        self.count_tile()
 
         # Full tiles lie inside [0, Skv): their loads need no bounds mask.
         load_mask = None if full_tile else col_ok
@@ -368,6 +366,12 @@ class ForwardKernel:
         acc = b.mul(acc, b.expand_dims(alpha, 1))
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]
+
+    def count_tile(self) -> None:
+        """Add 1 to the tile counter (`count-tiles`), if there is one."""
+        if self.counter_arg is not None:
+            assert self.counter_arg.ptr is not None
+            self.b.atomic_add(self.counter_arg.ptr, 0, 1)
 
     @staticmethod
     def _dtype(value: SSAValue) -> Attribute:

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i32, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
@@ -64,7 +64,8 @@ class _Builder:
 
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
-                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False) -> None:
+                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False,
+                 count_tiles: bool = False) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -90,6 +91,7 @@ class _Builder:
         self.dkdv = dkdv
         self.tables: RopeTables | None = None
         self.rotate_in_epilogue = rotate_in_epilogue
+        self.count_tiles = count_tiles
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
 
@@ -172,24 +174,27 @@ class _Builder:
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
-        block_map = None
+        block_map = kv_block_map = None
         if self.online.plan.has_runtime_block_map():
-            block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
+            for transposed in (False, True) if self.dkdv.block_map else (False,):
+                built, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
                                                     one, f"{self.name}_bwd", remap=self.remap,
-                                                    blocks=(self.block_m, self.block_n))
-            self.kernels.append(map_kernel)
+                                                    blocks=(self.block_m, self.block_n), transposed=transposed)
+                self.kernels.append(map_kernel)
+                block_map, kv_block_map = (block_map, built) if transposed else (built, None)
+        counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         planned = set(effective_masks(p.score_ops)) if (
             self.online.plan.is_exact() or block_map is not None) else set()
         fwd_spec = ForwardSpec(
             program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
-            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map,
+            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
             rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
         spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
-                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"])
+                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
         self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch)
         dkv_kernel = DkvKernel(spec, f"{self.name}_bwd_dkdv")
@@ -207,10 +212,12 @@ class _Builder:
         self._learnable(grads, q_kernel_tf, k_kernel_tf, side_weight_grads)
         if tables is not None:
             self.kernels.extend(tables.kernels)
-        self.host.builder.insert(func.ReturnOp(*self.results))
+        # The tile counter (`count-tiles`) is an extra result after the gradients.
+        self.host.builder.insert(func.ReturnOp(*self.results, *([counter] if counter is not None else [])))
         bwd = func.FuncOp(
             f"{self.name}_backward",
-            func.FunctionType.from_lists(list(self.block.arg_types), [r.type for r in self.results]),
+            func.FunctionType.from_lists(list(self.block.arg_types),
+                                         [r.type for r in self.results] + ([counter.type] if counter is not None else [])),
             Region(self.block),
         )
         bwd.attributes["attnfuse.grad_of"] = ArrayAttr([IntegerAttr(i, i64) for i in self.grad_of])
@@ -344,6 +351,13 @@ class LowerBackwardPass(ModulePass):
     """dK/dV kernel walks q blocks inside the planned masks without mask code; false is the ablation."""
     dkdv_num_warps: int = 0
     """Warps per dK/dV program; 0 uses `num-warps`."""
+    dkdv_block_map: bool = True
+    """With a runtime block map (data-dependent masks), the dK/dV kernel walks a transposed
+    map (per kv block, the partial and full q blocks that visit it); false walks every q
+    block of the band with mask code (the ablation)."""
+    count_tiles: bool = False
+    """Debug: count the tiles the dQ and dK/dV kernels visit, in a buffer returned after
+    the gradients (`AttentionFunction.count_backward_tiles`)."""
     rotate_in_epilogue: bool = False
     """Sides whose pre-kernel transforms are all RoPE get dQ / dK rotated back in the
     main kernels' epilogue, written once in the input dtype, instead of by transpose
@@ -365,8 +379,9 @@ class LowerBackwardPass(ModulePass):
             check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
             builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
                                self.rope_table, self.transforms_in_kernel,
-                               DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps),
-                               self.rotate_in_epilogue)
+                               DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
+                                          self.dkdv_block_map),
+                               self.rotate_in_epilogue, self.count_tiles)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:
