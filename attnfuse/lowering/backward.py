@@ -421,7 +421,7 @@ class DkvKernel(_Recompute):
         bm, bn = self.base.block_m, self.base.block_n
         lo, hi = self._q_range(n_start, q_len, kv_len)
         lower, upper = online.plan.get_band()
-        if not self.full_tiles or online.plan.get_prefix() is not None or (lower is None and upper is None):
+        if not self.full_tiles or online.plan.get_prefix() is not None:
             return [(lo, hi, False)]
         diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
         full_lo: Value = lo

@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
+from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -153,10 +154,15 @@ class _Builder:
         n_q = host.cdiv(q_len, self.block_m, "n_q_blocks")
         n_kv = host.cdiv(kv_len, self.block_n, "n_kv_blocks")
         grads = GradBuffers()
+        plan = self.online.plan
+        # The dQ kernel writes the bias gradient of every tile it visits: zeros are needed
+        # only where the plan skips tiles.
+        skips = plan.get_band() != (None, None) or plan.get_prefix() is not None or plan.has_runtime_block_map()
         for index, op in enumerate(p.score_ops):
             if isinstance(op, BiasOp) and op.kind_name == "tensor":
                 full = TensorType(f32, [-1 if d < 0 else d for d in (-1, hq, -1, -1)])
-                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}", zero=True)
+                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}",
+                                               zero=skips)
             elif isinstance(op, BiasOp) and op.slopes is not None:
                 grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, f"d_slopes{index}")
         if self.online.sinks is not None:
@@ -331,10 +337,11 @@ class LowerBackwardPass(ModulePass):
     name = "lower-backward"
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
-    block_m: int = 64
-    """Query rows per dQ program and per step of the dK/dV loop."""
-    block_n: int = 64
-    """Keys per dK/dV program and per step of the dQ loop."""
+    block_m: int = 0
+    """Query rows per dQ program and per step of the dK/dV loop; 0 picks
+    `backward_block_sizes` (64, or 32 for f32 inputs)."""
+    block_n: int = 0
+    """Keys per dK/dV program and per step of the dQ loop; 0: 64, or 32 for f32."""
     num_warps: int = 4
     num_stages: int = 2
     """The backward keeps more tiles live than the forward (Q, dO, dQ or dK/dV
@@ -376,8 +383,10 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
-            builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
+            default_m, default_n = backward_block_sizes(program)
+            block_m, block_n = self.block_m or default_m, self.block_n or default_n
+            check_tile_rows(program, block_m, block_n, "lower-backward{block-m block-n}")
+            builder = _Builder(program, block_m, block_n, self.num_warps, self.num_stages,
                                self.rope_table, self.transforms_in_kernel,
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                           self.dkdv_block_map),

@@ -44,6 +44,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
+from attnfuse.analysis.tile_plan import default_num_warps
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.lowering.host_code import HostCode
@@ -104,7 +105,8 @@ class LowerToTilePass(ModulePass):
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
     num_warps: int = 0
-    """Warps per forward program; 0 picks 8 for 128-row blocks, else 4."""
+    """Warps per forward program; 0 picks 8 for 128-row blocks, else 4 (f32: 8 scores of
+    the tile per thread, `default_num_warps`)."""
     num_stages: int = 0
     """Software-pipelining depth of the KV loop; 0 picks the deepest (<= 3) that fits
     the shared memory of a Hopper SM (see `pipeline_stages`)."""
@@ -200,7 +202,7 @@ class LowerToTilePass(ModulePass):
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
             k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
-            num_warps=self.num_warps or (8 if block_m >= 128 else 4),
+            num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data),
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
