@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import SSAValue
 
-from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, load_rows
@@ -136,6 +136,7 @@ class _Recompute:
     scale: float
     dropout_p: float
     seed_bh: SSAValue | None
+    fold_scale: bool
 
     def probabilities(
         self, q_parts: dict[str, SSAValue], k_parts: dict[str, SSAValue], layout: tuple[Part, ...],
@@ -151,9 +152,13 @@ class _Recompute:
                 s = b.dot(q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
         lse_safe = at.q_vector(b, b.where(b.eq(lse, float("-inf")), 0.0, lse))
-        if not self.chain.ops or (full_tile and all(op in self.chain.planned for op in self.chain.ops)):
-            # Nothing to apply or save: P = exp2(S * scale * log2e - lse * log2e), one multiply-add.
-            p = b.exp2(b.sub(b.mul(s, self.scale * LOG2E), b.mul(lse_safe, LOG2E)), name="p")
+        if self.fold_scale and all(isinstance(op, (MaskOp, BiasOp)) for op in self.chain.ops):
+            # Masks and biases need no saved inputs: keep the scale symbolic (`apply_scaled`),
+            # P = exp2(t * k * log2e - lse * log2e), one multiply-add.
+            t, k = self.chain.apply_scaled(b, s, self.scale, at, full_tile=full_tile)
+            if not full_tile:
+                t = b.where(at.valid, t, float("-inf"))
+            p = b.exp2(b.sub(b.mul(t, k * LOG2E), b.mul(lse_safe, LOG2E)), name="p")
             return p, [s for _ in self.chain.ops]
         s = b.mul(s, self.scale, name="s")
         s, inputs = self.chain.apply_saving(b, s, at, full_tile=full_tile)
@@ -257,7 +262,7 @@ class DqKernel(ForwardKernel, _Recompute):
             k32 = self.k_side.apply(b, {r: b.cast(t, f32) for r, t in k_in.items()}, self.layout, cols, batch, col_ok)
             k_in = {r: b.cast(t, dtype) for r, t in k32.items()}
         valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start_n)
         p, inputs = self.probabilities(self.q_parts, k_in, self.layout, at, self.lse, full_tile=full_tile)
         v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
         dp = b.dot(self.d_out, b.trans(v), name="dp")
@@ -290,6 +295,7 @@ class DkvKernel(_Recompute):
         base = ForwardKernel(fwd, name)
         self.base = base
         self.layout, self.chain, self.scale = base.layout, base.chain, base.scale
+        self.fold_scale = base.fold_scale
         self.online = base.online
         self.dropout_p = self.online.float_option("dropout_p")
         sig = base.sig
@@ -321,6 +327,7 @@ class DkvKernel(_Recompute):
         pid_n, pid_bh = b.program_id(0, name="pid_n"), b.program_id(1, name="pid_bh")
         batch, kv_head = b.div(pid_bh, base.hk, name="batch"), b.rem(pid_bh, base.hk, name="kv_head")
         n_start = b.mul(pid_n, bn, name="n_start")
+        self.n_start = n_start
         cols = b.add(n_start, b.arange(0, bn), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
         dtype = base._dtype(fwd.k)
@@ -462,7 +469,7 @@ class DkvKernel(_Recompute):
             q_in = {r: b.cast(t, dtype) for r, t in q_in.items()}
         valid = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(row_ok, 0), name="valid") if t else \
             b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t)
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t, kv_start=self.n_start)
         lse_base, delta_base = self.lse_in.base(b, batch, head), self.delta_arg.base(b, batch, head)
         lse_offs, delta_offs = b.mul(rows, self.lse_in.strides[2]), b.mul(rows, self.delta_arg.strides[2])
         if full_tile:

@@ -66,7 +66,7 @@ class _Builder:
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False,
-                 count_tiles: bool = False) -> None:
+                 count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -93,6 +93,7 @@ class _Builder:
         self.tables: RopeTables | None = None
         self.rotate_in_epilogue = rotate_in_epilogue
         self.count_tiles = count_tiles
+        self.fold_scale, self.alibi_vectors = fold_scale, alibi_vectors
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
 
@@ -197,6 +198,7 @@ class _Builder:
             inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
+            fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors,
             rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
         spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
@@ -365,6 +367,11 @@ class LowerBackwardPass(ModulePass):
     count_tiles: bool = False
     """Debug: count the tiles the dQ and dK/dV kernels visit, in a buffer returned after
     the gradients (`AttentionFunction.count_backward_tiles`)."""
+    fold_scale: bool = True
+    """Recompute P with the scale carried through masks and biases to the exp2
+    multiply-add (as `lower-to-tile`); false is the ablation."""
+    alibi_vectors: bool = True
+    """ALiBi distances from per-key and per-query vectors (as `lower-to-tile`)."""
     rotate_in_epilogue: bool = False
     """Sides whose pre-kernel transforms are all RoPE get dQ / dK rotated back in the
     main kernels' epilogue, written once in the input dtype, instead of by transpose
@@ -390,7 +397,7 @@ class LowerBackwardPass(ModulePass):
                                self.rope_table, self.transforms_in_kernel,
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                           self.dkdv_block_map),
-                               self.rotate_in_epilogue, self.count_tiles)
+                               self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:

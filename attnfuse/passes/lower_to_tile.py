@@ -116,8 +116,11 @@ class LowerToTilePass(ModulePass):
     """In-kernel RoPE reads cos/sin from a table built once per call (`rope_table.py`)
     instead of evaluating them on every tile; false is the ablation."""
     fold_scale: bool = True
-    """Scale the scores after the row max, in the exp2 multiply-add, when only masks
-    follow `attn.scores`; false is the ablation."""
+    """Carry the scale through the score chain (masks, biases, softcaps) and apply it
+    after the row max, in the exp2 multiply-add; false is the ablation."""
+    alibi_vectors: bool = True
+    """ALiBi's `slope * (kv - q)` as the difference of a per-key and a per-query vector
+    (one subtraction per score); false converts `kv - q` per score (the ablation)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = find_functions(op)
@@ -206,6 +209,7 @@ class LowerToTilePass(ModulePass):
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
+            alibi_vectors=self.alibi_vectors,
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
