@@ -77,6 +77,8 @@ class ForwardSpec:
     with log2(e) after the row max, in the multiply-add before exp2."""
     alibi_vectors: bool = True
     """ALiBi distances from per-key and per-query vectors (`ScoreChain`)."""
+    f32_dot: str = "ieee"
+    """`precision` of the dots of f32 tiles (`tile.dot`): ieee, tf32x3 or tf32."""
     rope_layout: RopeOp | None = None
     """A RoPE run outside the kernel whose column pairs the parts layout follows when no
     rope runs inside (the backward kernels rotate dQ / dK back by it in their epilogue)."""
@@ -153,6 +155,7 @@ class ForwardKernel:
     def build(self) -> KernelOp:
         spec = self.spec
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        b.f32_dot = spec.f32_dot
         self.b = b
         bm = self.block_m
         pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()

@@ -46,7 +46,7 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build
 from attnfuse.lowering.qk_side import partition
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
-from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
+from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, check_f32_dot, rope_inverse_frequencies
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -66,7 +66,8 @@ class _Builder:
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False,
-                 count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True) -> None:
+                 count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
+                 f32_dot: str = "ieee") -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -93,7 +94,7 @@ class _Builder:
         self.tables: RopeTables | None = None
         self.rotate_in_epilogue = rotate_in_epilogue
         self.count_tiles = count_tiles
-        self.fold_scale, self.alibi_vectors = fold_scale, alibi_vectors
+        self.fold_scale, self.alibi_vectors, self.f32_dot = fold_scale, alibi_vectors, f32_dot
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
 
@@ -198,7 +199,7 @@ class _Builder:
             inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
-            fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors,
+            fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
             rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
         spec = BackwardSpec(fwd_spec, d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
@@ -372,6 +373,8 @@ class LowerBackwardPass(ModulePass):
     multiply-add (as `lower-to-tile`); false is the ablation."""
     alibi_vectors: bool = True
     """ALiBi distances from per-key and per-query vectors (as `lower-to-tile`)."""
+    f32_dot: str = "ieee"
+    """Precision of the dots of f32 programs (as `lower-to-tile`)."""
     rotate_in_epilogue: bool = False
     """Sides whose pre-kernel transforms are all RoPE get dQ / dK rotated back in the
     main kernels' epilogue, written once in the input dtype, instead of by transpose
@@ -380,6 +383,7 @@ class LowerBackwardPass(ModulePass):
     (Llama-3-8B on an H200, run 14: fwd+bwd 3.42 vs 3.28 ms at S = 2048)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_f32_dot(self.name, self.f32_dot)
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -397,7 +401,8 @@ class LowerBackwardPass(ModulePass):
                                self.rope_table, self.transforms_in_kernel,
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                           self.dkdv_block_map),
-                               self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors)
+                               self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
+                               self.f32_dot)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:

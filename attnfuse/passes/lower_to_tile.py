@@ -47,6 +47,7 @@ from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.tile_plan import default_num_warps
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
+from attnfuse.dialects.tile import DotOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
@@ -89,6 +90,12 @@ def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_
     return 1
 
 
+def check_f32_dot(pass_name: str, value: str) -> None:
+    """Reject an `f32-dot` option that `tile.dot` does not know."""
+    if value not in DotOp.PRECISIONS:
+        raise ValueError(f"{pass_name}: f32-dot must be one of {', '.join(DotOp.PRECISIONS)}, got {value!r}")
+
+
 def _in_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     return [t for t in transforms if t.str_option("placement") != "prekernel"]
 
@@ -121,8 +128,13 @@ class LowerToTilePass(ModulePass):
     alibi_vectors: bool = True
     """ALiBi's `slope * (kv - q)` as the difference of a per-key and a per-query vector
     (one subtraction per score); false converts `kv - q` per score (the ablation)."""
+    f32_dot: str = "ieee"
+    """Precision of the dots of f32 programs: `ieee` (FMA units, what flex_attention
+    does with PyTorch's default matmul precision), `tf32x3` (tensor cores, three TF32
+    products: about fp32 accuracy) or `tf32`."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_f32_dot(self.name, self.f32_dot)
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -209,7 +221,7 @@ class LowerToTilePass(ModulePass):
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
-            alibi_vectors=self.alibi_vectors,
+            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
         )
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
