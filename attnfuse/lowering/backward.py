@@ -29,7 +29,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, load_rows
+from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, in_bounds, load_rows
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
@@ -262,7 +262,7 @@ class DqKernel(ForwardKernel, _Recompute):
         if fwd.k_transforms:
             k32 = self.k_side.apply(b, {r: b.cast(t, f32) for r, t in k_in.items()}, self.layout, cols, batch, col_ok)
             k_in = {r: b.cast(t, dtype) for r, t in k32.items()}
-        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
+        valid = in_bounds(b, b.lt(rows, q_len), col_ok, full_tile)
         at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start_n)
         p, inputs = self.probabilities(self.q_parts, k_in, self.layout, at, self.lse, full_tile=full_tile)
         v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
@@ -469,8 +469,7 @@ class DkvKernel(_Recompute):
             q_in = {r: b.cast(t, dtype) for r, t in q32.items()}
         else:
             q_in = {r: b.cast(t, dtype) for r, t in q_in.items()}
-        valid = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(row_ok, 0), name="valid") if t else \
-            b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
+        valid = in_bounds(b, row_ok, col_ok, full_tile, transposed=t)
         at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t, kv_start=self.n_start)
         lse_base, delta_base = self.lse_in.base(b, batch, head), self.delta_arg.base(b, batch, head)
         lse_offs, delta_offs = b.mul(rows, self.lse_in.strides[2]), b.mul(rows, self.delta_arg.strides[2])

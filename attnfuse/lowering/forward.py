@@ -21,7 +21,7 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
-from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram, ProgramError
 
@@ -339,7 +339,7 @@ class ForwardKernel:
         for part in self.layout:
             s = b.dot(self.q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
-        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
+        valid = in_bounds(b, b.lt(rows, q_len), col_ok, full_tile)
         at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start_n)
         if self.fold_scale:
             # The scores are s * k: take the row max of s, then scale by k * log2(e) and
@@ -377,6 +377,18 @@ class ForwardKernel:
     def _dtype(value: SSAValue) -> Attribute:
         assert isinstance(value.type, TensorType)
         return value.type.element_type
+
+
+def in_bounds(b: TileBuilder, row_ok: SSAValue, col_ok: SSAValue, full_tile: bool, *, transposed: bool = False) -> SSAValue:
+    """The [BM, BN] (transposed: [BN, BM]) tile of in-bounds elements. A full tile's keys
+    are all in bounds: its mask is the row mask alone, constant along the keys, so loads
+    and stores of key-contiguous tensors (a bias) stay vectorized."""
+    rows = b.expand_dims(row_ok, 0 if transposed else 1)
+    if full_tile:
+        n = len_of(col_ok)
+        m = len_of(row_ok)
+        return b.broadcast_to(rows, (n, m) if transposed else (m, n), name="valid")
+    return b.and_(rows, b.expand_dims(col_ok, 1 if transposed else 0), name="valid")
 
 
 def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,
