@@ -300,6 +300,12 @@ class DkvKernel(_Recompute):
         self.online = base.online
         self.dropout_p = self.online.float_option("dropout_p")
         sig = base.sig
+        self.map_args: list[TensorArg] = []
+        if spec.kv_block_map is not None:
+            m = spec.kv_block_map
+            self.map_args = [sig.tensor(n, v) for n, v in (
+                ("t_partial_count", m.partial_count), ("t_partial_index", m.partial_index),
+                ("t_full_count", m.full_count), ("t_full_index", m.full_index))]
         self.do_arg = sig.tensor("dOut", spec.d_out)
         self.lse_in = sig.tensor("LSE_in", spec.lse)
         self.delta_arg = sig.tensor("Delta", spec.delta)
@@ -308,12 +314,6 @@ class DkvKernel(_Recompute):
         self.kw_args = {n: sig.tensor(f"d_k_norm_w{n}", v) for n, v in spec.grads.k_weights.items()}
         self.k_epilogue = _epilogue_side(spec.k_epilogue, fwd, sig, base.head_dim, "k_epi")
         self.options = spec.dkdv
-        self.map_args: list[TensorArg] = []
-        if spec.kv_block_map is not None:
-            m = spec.kv_block_map
-            self.map_args = [sig.tensor(n, v) for n, v in (
-                ("t_partial_count", m.partial_count), ("t_partial_index", m.partial_index),
-                ("t_full_count", m.full_count), ("t_full_index", m.full_index))]
         # Split the q walk into masked and full blocks (planned masks only, as the forward).
         self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and spec.kv_block_map is None
 

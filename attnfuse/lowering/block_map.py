@@ -79,7 +79,7 @@ def build_block_map(
         ("full_count", block_map.full_count), ("full_index", block_map.full_index))]
     sig.scalar("B", batch)
     sq_arg, skv_arg = sig.scalar("Sq", q_len), sig.scalar("Skv", kv_len)
-    name = f"{fname}_block_map" + ("_t" if transposed else "")
+    name = f"{fname}_kv_block_map" if transposed else f"{fname}_block_map"
     b = sig.start(name, num_warps=4, num_stages=1, launch={})
     sq, skv = sq_arg.value, skv_arg.value
     assert sq is not None and skv is not None
