@@ -233,6 +233,18 @@ class AttentionFunction:
             raise ValueError("compile with lower-to-tile{count-tiles=true} to count tiles")
         return int(results[2].item())
 
+    def count_backward_tiles(self, *args: Any) -> int:
+        """Debug helper for programs lowered with `lower-backward{count-tiles=true}`: the
+        tiles the dQ and dK/dV kernels visited together in one backward."""
+        args = self._checker.scalars(args)
+        if self._backward is None:
+            raise ValueError(f"@{self.name} has no backward")
+        out, lse = self._forward(args)[:2]
+        results = self._runner.backward_results(args, out, lse, torch.ones_like(out))
+        if len(results) <= len(self._grad_of):
+            raise ValueError("compile with lower-backward{count-tiles=true} to count backward tiles")
+        return int(results[-1].item())
+
 
 def compile(  # noqa: A001 - the natural name, as torch.compile
     program: str | os.PathLike[str] | ModuleOp | Program,

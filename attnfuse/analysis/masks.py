@@ -167,4 +167,5 @@ def plan_masks(masks: list[MaskOp]) -> MaskPlan:
             exact = False
     if runtime_map:
         exact = False
-    return MaskPlan(band, prefix, exact and (band is not None or prefix is not None), runtime_map)
+    # No mask at all is exact too: every in-bounds tile is full.
+    return MaskPlan(band, prefix, exact, runtime_map)

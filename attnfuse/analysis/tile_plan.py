@@ -17,6 +17,20 @@ from attnfuse.analysis.packing import packed_batch
 from attnfuse.dialects.attn import TilePlanAttr
 from attnfuse.program import AttentionProgram
 
+FMA_SCORES_PER_THREAD = 8
+"""Elements of the [BM, BN] score tile per thread in kernels whose dots run on the FMA
+units (f32 inputs: `tl.dot(..., input_precision="ieee")`). Triton's FMA dot keeps the
+operand rows and columns of a thread's outputs in registers for the whole reduction:
+at 16 or more outputs per thread (D = 64, with a bias tile) ptxas gives up on register
+allocation (32 registers, 7-56 KiB of spills per thread); at 8 it spills at most a few
+dozen bytes (`bench/sm90_resources.py`, t5_bias)."""
+
+
+def fma_dots(program: AttentionProgram) -> bool:
+    """Whether the program's dots run on the FMA units (f32 inputs, IEEE products)."""
+    return program.scores.q.type.element_type == f32  # type: ignore[attr-defined]
+
+
 def _narrow_16bit(program: AttentionProgram) -> bool:
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
@@ -38,8 +52,11 @@ def default_block_sizes(program: AttentionProgram, k_in_kernel: bool | None = No
       for fused Llama-3-8B at S = 16384 (H200, run 14).
     - Other 16-bit inputs with head dims <= 128: 128 x 128 (3 stages fit; the fastest
       forward measured for Llama-3-8B, docs/benchmarks.md run 12).
-    - Else 128 x 64 (wider rows or f32 leave room for fewer stages of 128 keys).
+    - f32 inputs: 64 x 32 (FMA dots, 8 warps: `FMA_SCORES_PER_THREAD`).
+    - Else 128 x 64 (wider rows leave room for fewer stages of 128 keys).
     """
+    if fma_dots(program):
+        return 64, 32
     if not _narrow_16bit(program):
         return 128, 64
     if k_in_kernel is None:
@@ -65,3 +82,19 @@ def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> 
         prefix=plan.prefix,
         runtime_block_map=plan.runtime_map and packed_batch(program) is None,
     )
+
+
+def default_num_warps(program: AttentionProgram, block_m: int, block_n: int) -> int:
+    """Warps per program of a kernel on [block_m, block_n] score tiles when a pass leaves
+    them at 0: 8 for 128-row blocks, else 4; with FMA dots (f32) as many as hold
+    `FMA_SCORES_PER_THREAD` scores per thread, between 4 and 8."""
+    if fma_dots(program):
+        return min(8, max(4, block_m * block_n // (32 * FMA_SCORES_PER_THREAD)))
+    return 8 if block_m >= 128 else 4
+
+
+def backward_block_sizes(program: AttentionProgram) -> tuple[int, int]:
+    """(query rows, keys) per block of the backward kernels when `lower-backward` leaves
+    them at 0: 64 x 64, or 32 x 32 with FMA dots (f32: the dK/dV kernel's five dots at
+    64 x 64 made ptxas spill 56 KiB per thread; 32 x 32 with 4 warps spills none)."""
+    return (32, 32) if fma_dots(program) else (64, 64)

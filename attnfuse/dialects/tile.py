@@ -42,6 +42,7 @@ from xdsl.irdl import (
     lazy_traits_def,
     operand_def,
     opt_operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -311,11 +312,15 @@ class DotOp(IRDLOperation):
     """
     Matrix product `a @ b (+ acc)` with fp32 accumulation (`tl.dot`). `a`, `b`
     have the same element type (f16, bf16 or f32; i8 accumulates in i32); every
-    dimension is at least 16. f32 inputs are multiplied in full IEEE precision.
+    dimension is at least 16. f32 inputs are multiplied in full IEEE precision
+    (on the FMA units), or as `precision` says: `"tf32x3"` (three TF32 tensor-core
+    products of the operands split into a high and a low TF32 part, about fp32
+    accuracy) or `"tf32"` (one product, 10-bit mantissas).
 
     ```mlir
     %s = tile.dot %q, %kt, %acc : tensor<64x128xbf16>, tensor<128x64xbf16> -> tensor<64x64xf32>
     %p = tile.dot %q, %kt : tensor<64x128xbf16>, tensor<128x64xbf16> -> tensor<64x64xf32>
+    %t = tile.dot %a, %b {precision = "tf32x3"} : tensor<64x64xf32>, tensor<64x64xf32> -> tensor<64x64xf32>
     ```
     """
 
@@ -326,12 +331,16 @@ class DotOp(IRDLOperation):
     rhs = operand_def(TensorType)
     acc = opt_operand_def(C)
     result = result_def(C)
+    precision = opt_prop_def(StringAttr)
 
     traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$lhs `,` $rhs (`,` $acc^)? attr-dict `:` type($lhs) `,` type($rhs) "
         "`->` type($result)"
     )
+
+    PRECISIONS: ClassVar[tuple[str, ...]] = ("ieee", "tf32x3", "tf32")
 
     def __init__(
         self,
@@ -339,6 +348,7 @@ class DotOp(IRDLOperation):
         rhs: SSAValue | Operation,
         acc: SSAValue | Operation | None = None,
         result_type: Attribute | None = None,
+        precision: str | None = None,
     ):
         lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
         if result_type is None:
@@ -353,10 +363,17 @@ class DotOp(IRDLOperation):
         super().__init__(
             operands=[lhs, rhs, [] if acc is None else [acc]],
             result_types=[result_type],
+            properties={"precision": StringAttr(precision)} if precision is not None else {},
         )
 
     def verify_(self) -> None:
         a, b, c = self.lhs.type, self.rhs.type, self.result.type
+        if self.precision is not None:
+            if self.precision.data not in self.PRECISIONS:
+                raise VerifyException(
+                    f"tile.dot precision must be one of {', '.join(self.PRECISIONS)}, got {self.precision.data!r}")
+            if not isinstance(a, TensorType) or a.element_type != f32:
+                raise VerifyException("tile.dot precision applies to f32 operands only")
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
         assert isinstance(c, TensorType)
         if a.get_num_dims() != 2 or b.get_num_dims() != 2 or c.get_num_dims() != 2:

@@ -203,6 +203,8 @@ class TileBuilder:
         self._builders = [
             Builder(insertion_point or InsertPoint.at_end(kernel.body.block))
         ]
+        self.f32_dot = "ieee"
+        """The `precision` of the `tile.dot`s of f32 tiles this builder creates."""
 
     @classmethod
     def kernel(
@@ -608,8 +610,11 @@ class TileBuilder:
         *,
         name: str | None = None,
     ) -> SSAValue:
-        """`a @ b (+ acc)` accumulated in f32 (i32 for i8 inputs)."""
-        return self._emit(DotOp(a, b, acc), name)
+        """`a @ b (+ acc)` accumulated in f32 (i32 for i8 inputs); f32 tiles are
+        multiplied with the builder's `f32_dot` precision."""
+        f32_inputs = element_type_of(a.type) == f32
+        precision = self.f32_dot if f32_inputs and self.f32_dot != "ieee" else None
+        return self._emit(DotOp(a, b, acc, precision=precision), name)
 
     def reduce(
         self, kind: ReduceKind | str, x: SSAValue, axis: int, *, name: str | None = None

@@ -10,8 +10,9 @@
   weights;
 * `DkvKernel`: one program per (KV block, batch x KV head), its K tile transformed once;
   it loops over the query heads of its GQA group and the query blocks the tile plan
-  allows: `dV += P^T dO`, `dK += dS^T Q`; the epilogue takes dK back through K's
-  transforms. dK/dV are summed over the group inside the program.
+  allows (or, for data-dependent masks, those its transposed block map lists, full
+  ones without mask code): `dV += P^T dO`, `dK += dS^T Q`; the epilogue takes dK back
+  through K's transforms. dK/dV are summed over the group inside the program.
 
 No atomics: every gradient is written once, and vector gradients are per-program
 partials reduced on the host, so results are deterministic. In a packed batch the dQ
@@ -21,15 +22,16 @@ kernel walks (sequence, q block) slots and the dK/dV kernel (sequence, KV block)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import SSAValue
 
-from attnfuse.dialects.attn import BiasOp, QKNormOp, RopeOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, ForwardKernel, ForwardSpec, load_rows
+from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, in_bounds, load_rows
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
@@ -63,6 +65,8 @@ class DkvOptions:
     """Walk q blocks inside every planned mask without mask code or bounds masks."""
     num_warps: int = 0
     """Warps per dK/dV program; 0 uses the dQ kernel's."""
+    block_map: bool = True
+    """Walk a transposed runtime block map when the plan has a runtime block map."""
 
 
 @dataclass
@@ -81,6 +85,9 @@ class BackwardSpec:
     before storing it, so no transpose pre-kernel and no f32 dQ buffer are needed."""
     k_epilogue: list[RopeOp] = field(default_factory=list)
     """The same for K, in the dK/dV kernel."""
+    kv_block_map: BlockMap | None = None
+    """The transposed runtime block map the dK/dV kernel walks (per kv block, its partial
+    and full q blocks); None walks the q blocks of the plan's band."""
 
 
 def _epilogue_side(ropes: list[RopeOp], fwd: ForwardSpec, sig: KernelSignature, head_dim: int,
@@ -131,6 +138,7 @@ class _Recompute:
     scale: float
     dropout_p: float
     seed_bh: SSAValue | None
+    fold_scale: bool
 
     def probabilities(
         self, q_parts: dict[str, SSAValue], k_parts: dict[str, SSAValue], layout: tuple[Part, ...],
@@ -146,9 +154,13 @@ class _Recompute:
                 s = b.dot(q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
         lse_safe = at.q_vector(b, b.where(b.eq(lse, float("-inf")), 0.0, lse))
-        if not self.chain.ops or (full_tile and all(op in self.chain.planned for op in self.chain.ops)):
-            # Nothing to apply or save: P = exp2(S * scale * log2e - lse * log2e), one multiply-add.
-            p = b.exp2(b.sub(b.mul(s, self.scale * LOG2E), b.mul(lse_safe, LOG2E)), name="p")
+        if self.fold_scale and all(isinstance(op, (MaskOp, BiasOp)) for op in self.chain.ops):
+            # Masks and biases need no saved inputs: keep the scale symbolic (`apply_scaled`),
+            # P = exp2(t * k * log2e - lse * log2e), one multiply-add.
+            t, k = self.chain.apply_scaled(b, s, self.scale, at, full_tile=full_tile)
+            if not full_tile:
+                t = b.where(at.valid, t, float("-inf"))
+            p = b.exp2(b.sub(b.mul(t, k * LOG2E), b.mul(lse_safe, LOG2E)), name="p")
             return p, [s for _ in self.chain.ops]
         s = b.mul(s, self.scale, name="s")
         s, inputs = self.chain.apply_saving(b, s, at, full_tile=full_tile)
@@ -186,6 +198,7 @@ class DqKernel(ForwardKernel, _Recompute):
     def build(self) -> KernelOp:
         fwd = self.spec
         b = self.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
+        b.f32_dot = fwd.f32_dot
         self.b = b
         bm = self.block_m
         pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()
@@ -245,13 +258,14 @@ class DqKernel(ForwardKernel, _Recompute):
         batch, head, rows, q_len, kv_len = self.coords
         cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
+        self.count_tile()
         k_in = load_parts(b, self.k_arg, self.k_base, cols, None if full_tile else col_ok, self.layout)
         dtype = self._dtype(fwd.k)
         if fwd.k_transforms:
             k32 = self.k_side.apply(b, {r: b.cast(t, f32) for r, t in k_in.items()}, self.layout, cols, batch, col_ok)
             k_in = {r: b.cast(t, dtype) for r, t in k32.items()}
-        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
+        valid = in_bounds(b, b.lt(rows, q_len), col_ok, full_tile)
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start_n)
         p, inputs = self.probabilities(self.q_parts, k_in, self.layout, at, self.lse, full_tile=full_tile)
         v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
         dp = b.dot(self.d_out, b.trans(v), name="dp")
@@ -281,14 +295,23 @@ class DkvKernel(_Recompute):
     """Query and key counts of the program's (batch element or packed) sequence."""
 
     def __init__(self, spec: BackwardSpec, name: str) -> None:
-        fwd = spec.forward
+        # Same layout decisions, arguments and chain as the forward; the q-block walk
+        # reads the transposed map, not the forward's.
+        fwd = replace(spec.forward, block_map=None)
         self.bspec, self.spec, self.name = spec, fwd, name
-        base = ForwardKernel(fwd, name)  # same layout decisions, arguments and chain
+        base = ForwardKernel(fwd, name)
         self.base = base
         self.layout, self.chain, self.scale = base.layout, base.chain, base.scale
+        self.fold_scale = base.fold_scale
         self.online = base.online
         self.dropout_p = self.online.float_option("dropout_p")
         sig = base.sig
+        self.map_args: list[TensorArg] = []
+        if spec.kv_block_map is not None:
+            m = spec.kv_block_map
+            self.map_args = [sig.tensor(n, v) for n, v in (
+                ("t_partial_count", m.partial_count), ("t_partial_index", m.partial_index),
+                ("t_full_count", m.full_count), ("t_full_index", m.full_index))]
         self.do_arg = sig.tensor("dOut", spec.d_out)
         self.lse_in = sig.tensor("LSE_in", spec.lse)
         self.delta_arg = sig.tensor("Delta", spec.delta)
@@ -298,12 +321,13 @@ class DkvKernel(_Recompute):
         self.k_epilogue = _epilogue_side(spec.k_epilogue, fwd, sig, base.head_dim, "k_epi")
         self.options = spec.dkdv
         # Split the q walk into masked and full blocks (planned masks only, as the forward).
-        self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and fwd.block_map is None
+        self.full_tiles = spec.dkdv.full_tiles and self.online.plan.is_exact() and spec.kv_block_map is None
 
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
         warps = self.options.num_warps or fwd.num_warps
         b = base.sig.start(self.name, num_warps=warps, num_stages=fwd.num_stages, launch=fwd.launch)
+        b.f32_dot = fwd.f32_dot
         self.b = base.b = b
         bm, bn = base.block_m, base.block_n
         q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value
@@ -316,6 +340,7 @@ class DkvKernel(_Recompute):
         assert q_len is not None and kv_len is not None
         self.q_len, self.kv_len = q_len, kv_len
         n_start = b.mul(kv_block, bn, name="n_start")
+        self.n_start = n_start
         cols = b.add(n_start, b.arange(0, bn), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
         dtype = base._dtype(fwd.k)
@@ -329,7 +354,7 @@ class DkvKernel(_Recompute):
         state = [b.zeros((bn, p.tile_width), f32, name=f"dk_{p.role}") for p in self.layout]
         state.append(b.zeros((bn, dv_pad), f32, name="dv"))
         self.batch = batch
-        ranges = self._q_ranges(n_start, q_len, kv_len)
+        ranges = self._q_ranges(n_start, q_len, kv_len) if not self.map_args else []
         with b.for_(0, group, 1, inits=state, iv_name="g") as heads:
             head = b.add(b.mul(kv_head, group), heads.iv, name="head")
             self.seed_bh = None
@@ -338,10 +363,15 @@ class DkvKernel(_Recompute):
                 bh = b.add(b.mul(batch, base.hq), head)
                 self.seed_bh = b.add(base.seed_arg.value, b.mul(b.to_i64(bh), 2**32), name="seed_bh")
             carried = list(heads.carried)
+
+            def tile(start_m: SSAValue, state: list[SSAValue], full: bool, head: SSAValue = head) -> list[SSAValue]:
+                return self._tile(start_m, state, batch, head, cols, col_ok, k_parts, v, full)
+
+            if self.map_args:
+                carried = self._walk_map(carried, batch, head, pid_n, tile)
             for lo, hi, full in ranges:
                 with b.for_(lo, hi, bm, inits=carried, iv_name="start_m") as loop:
-                    loop.yield_(*self._tile(loop.iv, list(loop.carried), batch, head, cols, col_ok, k_parts, v,
-                                            full))
+                    loop.yield_(*tile(loop.iv, list(loop.carried), full))
                 carried = list(loop.results)
             heads.yield_(*carried)
         *dk_acc, dv = heads.results
@@ -358,6 +388,27 @@ class DkvKernel(_Recompute):
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.kw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
         return b.finish()
+
+    def _walk_map(self, state: list[SSAValue], batch: SSAValue, head: SSAValue, pid_n: SSAValue,
+                  tile: Callable[[SSAValue, list[SSAValue], bool], list[SSAValue]]) -> list[SSAValue]:
+        """The partial, then the full q blocks the transposed block map lists for this kv
+        block (of query head `head` when the map is per head)."""
+        b, bm = self.b, self.base.block_m
+        assert self.bspec.kv_block_map is not None
+        per_head = self.bspec.kv_block_map.per_head
+        map_head: Value = head if per_head else 0
+        map_heads = self.base.hq if per_head else 1
+        slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), b.num_programs(0)), pid_n, name="map_slot")
+        for (count_arg, index_arg), full in (((self.map_args[0], self.map_args[1]), False),
+                                             ((self.map_args[2], self.map_args[3]), True)):
+            assert count_arg.ptr is not None and index_arg.ptr is not None
+            count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
+            row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
+            with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
+                q_block = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name="q_block")
+                loop.yield_(*tile(b.mul(q_block, bm, name="start_m"), list(loop.carried), full))
+            state = list(loop.results)
+        return state
 
     def _q_range(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> tuple[Value, Value]:
         """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""
@@ -390,7 +441,7 @@ class DkvKernel(_Recompute):
         bm, bn = self.base.block_m, self.base.block_n
         lo, hi = self._q_range(n_start, q_len, kv_len)
         lower, upper = online.plan.get_band()
-        if not self.full_tiles or online.plan.get_prefix() is not None or (lower is None and upper is None):
+        if not self.full_tiles or online.plan.get_prefix() is not None:
             return [(lo, hi, False)]
         diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
         full_lo: Value = lo
@@ -419,6 +470,7 @@ class DkvKernel(_Recompute):
         q_len, kv_len = self.q_len, self.kv_len
         rows = b.add(start_m, b.arange(0, base.block_m), name="rows")
         row_ok = b.lt(rows, q_len, name="row_ok")
+        base.count_tile()
         dtype = base._dtype(fwd.q)
         q_in = load_parts(b, base.q_arg, base.q_arg.base(b, batch, head), rows, None if full_tile else row_ok,
                           self.layout)
@@ -427,9 +479,8 @@ class DkvKernel(_Recompute):
             q_in = {r: b.cast(t, dtype) for r, t in q32.items()}
         else:
             q_in = {r: b.cast(t, dtype) for r, t in q_in.items()}
-        valid = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(row_ok, 0), name="valid") if t else \
-            b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t)
+        valid = in_bounds(b, row_ok, col_ok, full_tile, transposed=t)
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, transposed=t, kv_start=self.n_start)
         lse_base, delta_base = self.lse_in.base(b, batch, head), self.delta_arg.base(b, batch, head)
         lse_offs, delta_offs = b.mul(rows, self.lse_in.strides[2]), b.mul(rows, self.delta_arg.strides[2])
         if full_tile:

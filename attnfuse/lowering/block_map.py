@@ -6,6 +6,11 @@ tile before attention runs and writes, per q block, the list of *partial* kv blo
 elements masked) and of *full* kv blocks (none masked, fully in bounds); empty tiles are
 in neither list, so the attention kernel never visits them. This is flex_attention's
 BlockMask, derived by the compiler from the mask ops instead of written by the user.
+
+The *transposed* map (`transposed=True`) lists, per kv block, the q blocks that visit it:
+the dK/dV kernel, one program per kv block, walks it like the forward walks its map. A
+full tile there is in bounds along both dims (the dK/dV kernel then loads its q rows
+without masks).
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ def build_block_map(
     fname: str,
     remap: dict[SSAValue, SSAValue] | None = None,
     blocks: tuple[int, int] | None = None,
+    transposed: bool = False,
 ) -> tuple[BlockMap, Operation]:
-    """Allocate the map buffers, launch the map kernel; return them and the kernel."""
+    """Allocate the map buffers, launch the map kernel; return them and the kernel.
+    `transposed`: per kv block, the lists of q blocks (see the module docstring)."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
     bm, bn = blocks or (online.plan.block_m.data, online.plan.block_n.data)
@@ -51,15 +58,18 @@ def build_block_map(
     per_head = any(_uses_head(m) for m in masks)
     heads = program.heads[0]
     map_heads = heads if per_head else 1
-    n_q = host.cdiv(q_len, bm, "map_q_blocks")
-    n_kv = host.cdiv(kv_len, bn, "map_kv_blocks")
-    slots = host.emit(arith.MuliOp(host.mul(batch, map_heads, "map_bh"), n_q), "map_slots")
+    tag = "map_t" if transposed else "map"
+    n_q = host.cdiv(q_len, bm, f"{tag}_q_blocks")
+    n_kv = host.cdiv(kv_len, bn, f"{tag}_kv_blocks")
+    n_outer, n_inner = (n_kv, n_q) if transposed else (n_q, n_kv)
+    slots = host.emit(arith.MuliOp(host.mul(batch, map_heads, f"{tag}_bh"), n_outer), f"{tag}_slots")
     vec, mat = TensorType(i32, [DYNAMIC_INDEX]), TensorType(i32, [DYNAMIC_INDEX, DYNAMIC_INDEX])
+    prefix = "t_" if transposed else ""
     block_map = BlockMap(
-        partial_count=host.alloc(vec, {0: slots}, "partial_count"),
-        partial_index=host.alloc(mat, {0: slots, 1: n_kv}, "partial_index"),
-        full_count=host.alloc(vec, {0: slots}, "full_count"),
-        full_index=host.alloc(mat, {0: slots, 1: n_kv}, "full_index"),
+        partial_count=host.alloc(vec, {0: slots}, f"{prefix}partial_count"),
+        partial_index=host.alloc(mat, {0: slots, 1: n_inner}, f"{prefix}partial_index"),
+        full_count=host.alloc(vec, {0: slots}, f"{prefix}full_count"),
+        full_index=host.alloc(mat, {0: slots, 1: n_inner}, f"{prefix}full_index"),
         per_head=per_head,
     )
     sig = KernelSignature(remap)
@@ -69,24 +79,26 @@ def build_block_map(
         ("full_count", block_map.full_count), ("full_index", block_map.full_index))]
     sig.scalar("B", batch)
     sq_arg, skv_arg = sig.scalar("Sq", q_len), sig.scalar("Skv", kv_len)
-    name = f"{fname}_block_map"
+    name = f"{fname}_kv_block_map" if transposed else f"{fname}_block_map"
     b = sig.start(name, num_warps=4, num_stages=1, launch={})
     sq, skv = sq_arg.value, skv_arg.value
     assert sq is not None and skv is not None
-    pid_m = b.program_id(0, name="pid_m")
+    pid = b.program_id(0, name="pid_n" if transposed else "pid_m")
     pid_bh = b.program_id(1, name="pid_bh")
     batch_index = b.div(pid_bh, map_heads, name="batch")
     head = b.rem(pid_bh, map_heads, name="head")
-    rows = b.add(b.mul(pid_m, bm), b.arange(0, bm), name="rows")
-    row_ok = b.lt(rows, sq)
-    slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_m, name="slot")
-    n_kv_blocks = b.div(b.add(skv, bn - 1), bn, name="n_kv_blocks")
+    slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid, name="slot")
+    outer_block, inner_block, inner_len = (bn, bm, sq) if transposed else (bm, bn, skv)
+    outer = b.add(b.mul(pid, outer_block), b.arange(0, outer_block), name="cols" if transposed else "rows")
+    n_inner_blocks = b.div(b.add(inner_len, inner_block - 1), inner_block, name="n_inner_blocks")
     zero = b.constant(0, i32)
-    with b.for_(0, n_kv_blocks, 1, inits=[zero, zero], iv_name="kv_block", names=["n_partial", "n_full"]) as loop:
+    with b.for_(0, n_inner_blocks, 1, inits=[zero, zero], iv_name="q_block" if transposed else "kv_block",
+                names=["n_partial", "n_full"]) as loop:
         n_partial, n_full = loop.carried
-        start_n = b.mul(loop.iv, bn)
-        cols = b.add(start_n, b.arange(0, bn), name="cols")
-        col_ok = b.lt(cols, skv)
+        start = b.mul(loop.iv, inner_block)
+        inner = b.add(start, b.arange(0, inner_block), name="rows" if transposed else "cols")
+        rows, cols = (inner, outer) if transposed else (outer, inner)
+        row_ok, col_ok = b.lt(rows, sq), b.lt(cols, skv)
         valid = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(col_ok, 0), name="valid")
         at = TileCoords(batch_index, head, rows, cols, sq, skv, valid)
         keep = valid
@@ -95,7 +107,10 @@ def build_block_map(
             keep = b.and_(keep, chain.keep(b, n, mask, at))
         kept = b.reduce_sum(b.reduce_sum(b.cast(keep, i32), 1), 0, name="kept")
         total = b.reduce_sum(b.reduce_sum(b.cast(valid, i32), 1), 0, name="total")
-        in_bounds = b.le(b.add(start_n, bn), skv)
+        # Full: every element kept and the keys in bounds (transposed: the queries too).
+        in_bounds = b.le(b.add(b.mul(pid, bn), bn), skv) if transposed else b.le(b.add(start, bn), skv)
+        if transposed:
+            in_bounds = b.and_(in_bounds, b.le(b.add(start, bm), sq))
         is_full = b.and_(b.eq(kept, total), in_bounds, name="is_full")
         is_partial = b.and_(b.gt(kept, 0), b.xor(is_full, True), name="is_partial")
         for count, arg, flag in ((n_partial, outs[1], is_partial), (n_full, outs[3], is_full)):
@@ -108,6 +123,7 @@ def build_block_map(
         assert arg.ptr is not None
         b.store(arg.ptr, b.mul(slot, arg.strides[0]), value)
     kernel = b.finish()
-    grid = [host.cdiv(q_len, bm, "map_grid_m"), host.mul(batch, map_heads, "map_grid_bh"), one]
+    grid = [host.cdiv(kv_len, bn, f"{tag}_grid_n") if transposed else host.cdiv(q_len, bm, f"{tag}_grid_m"),
+            host.mul(batch, map_heads, f"{tag}_grid_bh"), one]
     host.launch(name, grid, sig.host_operands())
     return block_map, kernel

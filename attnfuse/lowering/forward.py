@@ -22,7 +22,7 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
-from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.lowering.varlen import PackedRows, SequenceView
 from attnfuse.program import AttentionProgram, ProgramError
@@ -75,7 +75,12 @@ class ForwardSpec:
     rope_table: object = None
     """Builds a rope's cos/sin table (`RopeTables`); None evaluates cos/sin in the kernel."""
     fold_scale: bool = True
-    """Scale scores after the row max when only masks follow `attn.scores`."""
+    """Carry the scale through the score chain (`ScoreChain.apply_scaled`) and apply it
+    with log2(e) after the row max, in the multiply-add before exp2."""
+    alibi_vectors: bool = True
+    """ALiBi distances from per-key and per-query vectors (`ScoreChain`)."""
+    f32_dot: str = "ieee"
+    """`precision` of the dots of f32 tiles (`tile.dot`): ieee, tf32x3 or tf32."""
     rope_layout: RopeOp | None = None
     """A RoPE run outside the kernel whose column pairs the parts layout follows when no
     rope runs inside (the backward kernels rotate dQ / dK back by it in their epilogue)."""
@@ -105,8 +110,8 @@ class ForwardKernel:
         self.head_dim = _dims(spec.q)[3]
         self.v_dim = _dims(spec.v)[3]
         self.scale = program.scores.scale_value()
-        # Scale after the row max (one multiply-add per element): only masks follow the scores.
-        self.defer_scale = spec.fold_scale and self.scale > 0 and all(isinstance(op, MaskOp) for op in program.score_ops)
+        # Carry the scale through the score chain to the multiply-add before exp2.
+        self.fold_scale = spec.fold_scale and self.scale > 0
 
         layout_q = side_layout(spec.q_transforms, self.head_dim)
         layout_k = side_layout(spec.k_transforms, self.head_dim)
@@ -132,7 +137,8 @@ class ForwardKernel:
         side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         self.k_side = SideTransforms(spec.k_transforms, side, "k")
-        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
+        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks,  # type: ignore[arg-type]
+                                spec.alibi_vectors)
         self.sinks_arg = sig.tensor("sinks", online.sinks) if online.sinks is not None else None
         self.seed_arg = sig.scalar("seed", online.dropout_seed) if online.dropout_seed is not None else None
         self.map_args: list[TensorArg] = []
@@ -154,6 +160,7 @@ class ForwardKernel:
     def build(self) -> KernelOp:
         spec = self.spec
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        b.f32_dot = spec.f32_dot
         self.b = b
         bm = self.block_m
         pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()
@@ -329,9 +336,7 @@ class ForwardKernel:
         batch, head, rows, q_len, kv_len = self.coords
         cols = b.add(start_n, b.arange(0, self.block_n), name="cols")
         col_ok = b.lt(cols, kv_len, name="col_ok")
-        if self.counter_arg is not None:
-            assert self.counter_arg.ptr is not None
-            b.atomic_add(self.counter_arg.ptr, 0, 1)
+        self.count_tile()
 
         # Full tiles lie inside [0, Skv): their loads need no bounds mask.
         load_mask = None if full_tile else col_ok
@@ -345,29 +350,22 @@ class ForwardKernel:
         for part in self.layout:
             s = b.dot(self.q_parts[part.role], b.trans(k_parts[part.role]), s, name="qk")
         assert s is not None
-        valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(col_ok, 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
-        if self.defer_scale:
-            # Masks commute with a positive scale: take the row max of the raw scores,
-            # then scale and subtract in one multiply-add per element.
-            s = self.chain.apply(b, s, at, full_tile=full_tile)
-        elif self.spec.program.score_ops:
-            s = b.mul(s, self.scale, name="s")
-            s = self.chain.apply(b, s, at, full_tile=full_tile)
-            s = b.mul(s, LOG2E, name="s2")
+        valid = in_bounds(b, b.lt(rows, q_len), col_ok, full_tile)
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start_n)
+        if self.fold_scale:
+            # The scores are s * k: take the row max of s, then scale by k * log2(e) and
+            # subtract in one multiply-add per element.
+            s, k = self.chain.apply_scaled(b, s, self.scale, at, full_tile=full_tile)
         else:
-            s = b.mul(s, self.scale * LOG2E, name="s2")
+            s, k = self.chain.apply(b, b.mul(s, self.scale, name="s"), at, full_tile=full_tile), 1.0
         if not full_tile:
-            s = b.where(b.expand_dims(col_ok, 0), s, float("-inf"), name="s2")
+            s = b.where(b.expand_dims(col_ok, 0), s, float("-inf"), name="s_in")
 
-        row_max = b.reduce_max(s, 1)
-        if self.defer_scale:
-            row_max = b.mul(row_max, self.scale * LOG2E)
+        c = k * LOG2E
+        row_max = b.mul(b.reduce_max(s, 1), c)
         m_new = b.maximum(m_i, row_max, name="m_new")
         m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new, name="m_safe")
-        if self.defer_scale:
-            s = b.mul(s, self.scale * LOG2E, name="s2")
-        p = b.exp2(b.sub(s, b.expand_dims(m_safe, 1)), name="p")
+        p = b.exp2(b.sub(b.mul(s, c, name="s2"), b.expand_dims(m_safe, 1)), name="p")
         alpha = b.exp2(b.sub(m_i, m_safe), name="alpha")
         l_new = b.add(b.mul(l_i, alpha), b.reduce_sum(p, 1), name="l_new")
         if self.seed_bh is not None:
@@ -380,10 +378,28 @@ class ForwardKernel:
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]
 
+    def count_tile(self) -> None:
+        """Add 1 to the tile counter (`count-tiles`), if there is one."""
+        if self.counter_arg is not None:
+            assert self.counter_arg.ptr is not None
+            self.b.atomic_add(self.counter_arg.ptr, 0, 1)
+
     @staticmethod
     def _dtype(value: SSAValue) -> Attribute:
         assert isinstance(value.type, TensorType)
         return value.type.element_type
+
+
+def in_bounds(b: TileBuilder, row_ok: SSAValue, col_ok: SSAValue, full_tile: bool, *, transposed: bool = False) -> SSAValue:
+    """The [BM, BN] (transposed: [BN, BM]) tile of in-bounds elements. A full tile's keys
+    are all in bounds: its mask is the row mask alone, constant along the keys, so loads
+    and stores of key-contiguous tensors (a bias) stay vectorized."""
+    rows = b.expand_dims(row_ok, 0 if transposed else 1)
+    if full_tile:
+        n = len_of(col_ok)
+        m = len_of(row_ok)
+        return b.broadcast_to(rows, (n, m) if transposed else (m, n), name="valid")
+    return b.and_(rows, b.expand_dims(col_ok, 1 if transposed else 0), name="valid")
 
 
 def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,

@@ -3,6 +3,15 @@
 Every op is elementwise on the [BM, BN] fp32 tile of logits: bias (ALiBi slopes or a
 broadcast bias tensor), softcap, masks (as `where(keep, s, -inf)`) and score_mod regions.
 Masks that the tile plan covers are left out of tiles known to be full.
+
+`apply_scaled` runs the chain on scores held as `t * k` with a positive compile-time
+factor `k` (the scale, then whatever the ops leave), so that the kernels multiply by
+`k * log2(e)` once, in the multiply-add before `exp2`: masks commute with `k`, a bias adds
+`bias / k` (ALiBi folds `1 / k` into its slope), a softcap takes `k / cap` into its one
+multiply and leaves `k = cap`; only a score_mod region needs the scores themselves.
+ALiBi's `slope * (kv - q)` comes from a per-key and a per-query vector (`alibi_vectors`),
+one subtraction per element instead of an integer subtraction, a conversion and a
+multiply.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ class TileCoords:
     valid: SSAValue  # [BM, BN] i1: in bounds ([BN, BM] when transposed)
     transposed: bool = False
     """The tile is [BN, BM]: keys along dim 0 (the dK/dV kernel's Sᵀ = K Qᵀ)."""
+    kv_start: SSAValue | None = None
+    """The first key of the tile (`cols[0]`): the origin of ALiBi's distance vectors."""
 
     def diag(self, b: TileBuilder, align: str) -> Value:
         return b.sub(self.kv_len, self.q_len) if align == "bottom_right" else 0
@@ -75,9 +86,11 @@ class ScoreChain:
         sig: KernelSignature,
         host_table: Callable[[list[float]], SSAValue],
         planned: set[MaskOp],
+        alibi_vectors: bool = True,
     ) -> None:
         self.ops = ops
         self.planned = planned
+        self.alibi_vectors = alibi_vectors
         self.tensors: dict[tuple[int, int], TensorArg] = {}
         self.captures: dict[int, list[TensorArg | ScalarArg]] = {}
         for n, op in enumerate(ops):
@@ -118,6 +131,25 @@ class ScoreChain:
         for n, op in enumerate(self.ops):
             s = self._apply_one(b, n, op, s, at, full_tile)
         return s
+
+    def apply_scaled(
+        self, b: TileBuilder, t: SSAValue, k: float, at: TileCoords, *, full_tile: bool
+    ) -> tuple[SSAValue, float]:
+        """The chain on scores `t * k` (`k > 0`), as `(t', k')` with output `t' * k'`
+        (see the module docstring); in a full tile, planned masks are skipped."""
+        assert k > 0
+        for n, op in enumerate(self.ops):
+            if isinstance(op, MaskOp):
+                t = self._apply_one(b, n, op, t, at, full_tile)  # -inf * k = -inf
+            elif isinstance(op, BiasOp):
+                t = b.add(t, self._bias(b, n, op, at, 1.0 / k), name="s_biased")
+            elif isinstance(op, SoftcapOp):
+                cap = op.float_option("cap")
+                t, k = b.tanh(b.mul(t, k / cap), name="s_tanh"), cap
+            else:
+                t = self._apply_one(b, n, op, t if k == 1.0 else b.mul(t, k, name="s"), at, full_tile)
+                k = 1.0
+        return t, k
 
     def _apply_one(
         self, b: TileBuilder, n: int, op: Operation, s: SSAValue, at: TileCoords, full_tile: bool
@@ -168,11 +200,21 @@ class ScoreChain:
                 ds = b.where(at.valid, ds, 0.0)
         return ds, slope_sums
 
-    def _bias(self, b: TileBuilder, n: int, op: BiasOp, at: TileCoords) -> SSAValue:
+    def _bias(self, b: TileBuilder, n: int, op: BiasOp, at: TileCoords, factor: float = 1.0) -> SSAValue:
+        """The bias tile times `factor`."""
         arg = self.tensors[(n, 0)]
         assert arg.ptr is not None
         if op.kind_name == "alibi":
             slope = b.cast(b.load(arg.ptr, b.mul(at.head, arg.strides[0])), f32, name="slope")
+            if factor != 1.0:
+                slope = b.mul(slope, factor, name="slope")
+            # (a per-row head, as split-KV's packed GQA rows have, gives a [BM, 1] slope)
+            if self.alibi_vectors and at.kv_start is not None and not isinstance(at.head.type, TensorType):
+                # slope * (kv - q) = slope * (kv - o) - slope * (q - o), o the tile's first
+                # key: both vectors are exact integers times the slope, small near the band.
+                kv = b.mul(b.cast(b.sub(at.cols, at.kv_start), f32), slope, name="alibi_kv")
+                q = b.mul(b.cast(b.sub(at.rows, at.kv_start), f32), slope, name="alibi_q")
+                return b.sub(at.kv_vector(b, kv), at.q_vector(b, q), name="alibi")
             distance = b.sub(at.kv_vector(b, at.cols), at.q_vector(b, at.rows))
             return b.mul(b.cast(distance, f32), slope)
         offs = b.add(
@@ -184,7 +226,8 @@ class ScoreChain:
             offs = b.add(offs, b.mul(b.to_i64(at.head), b.to_i64(arg.strides[1])))
         else:
             base = arg.base(b, at.batch, at.head)
-        return b.cast(b.load(base, offs, mask=at.valid, other=0.0), f32, name="bias")
+        bias = b.cast(b.load(base, offs, mask=at.valid, other=0.0), f32, name="bias")
+        return bias if factor == 1.0 else b.mul(bias, factor, name="bias")
 
     def keep(self, b: TileBuilder, n: int, op: MaskOp, at: TileCoords) -> SSAValue:
         """The i1 [BM, BN] tile of elements a mask keeps."""

@@ -22,13 +22,14 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i64
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i32, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -48,7 +49,7 @@ from attnfuse.lowering.qk_side import partition
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.lowering.varlen import PackedHost, PackedRows
-from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, rope_inverse_frequencies
+from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, check_f32_dot, rope_inverse_frequencies
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
@@ -67,7 +68,9 @@ class _Builder:
 
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
-                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False) -> None:
+                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False,
+                 count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
+                 f32_dot: str = "ieee") -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -93,6 +96,8 @@ class _Builder:
         self.dkdv = dkdv
         self.tables: RopeTables | None = None
         self.rotate_in_epilogue = rotate_in_epilogue
+        self.count_tiles = count_tiles
+        self.fold_scale, self.alibi_vectors, self.f32_dot = fold_scale, alibi_vectors, f32_dot
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
@@ -163,10 +168,15 @@ class _Builder:
         n_kv = self.packed.schedule("k", self.block_n).slots if self.packed else host.cdiv(
             kv_len, self.block_n, "n_kv_blocks")
         grads = GradBuffers()
+        plan = self.online.plan
+        # The dQ kernel writes the bias gradient of every tile it visits: zeros are needed
+        # only where the plan skips tiles.
+        skips = plan.get_band() != (None, None) or plan.get_prefix() is not None or plan.has_runtime_block_map()
         for index, op in enumerate(p.score_ops):
             if isinstance(op, BiasOp) and op.kind_name == "tensor":
                 full = TensorType(f32, [-1 if d < 0 else d for d in (-1, hq, -1, -1)])
-                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}", zero=True)
+                grads.bias[index] = host.alloc(_dyn(full), {0: batch, 2: q_len, 3: kv_len}, f"d_bias{index}",
+                                               zero=skips)
             elif isinstance(op, BiasOp) and op.slopes is not None:
                 grads.slopes[index] = host.alloc(_dyn(TensorType(f32, [-1, hq, -1])), {0: batch, 2: n_q}, f"d_slopes{index}")
         if self.online.sinks is not None:
@@ -184,26 +194,30 @@ class _Builder:
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
-        block_map = None
+        block_map = kv_block_map = None
         if self.online.plan.has_runtime_block_map():
-            block_map, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
+            for transposed in (False, True) if self.dkdv.block_map else (False,):
+                built, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
                                                     one, f"{self.name}_bwd", remap=self.remap,
-                                                    blocks=(self.block_m, self.block_n))
-            self.kernels.append(map_kernel)
+                                                    blocks=(self.block_m, self.block_n), transposed=transposed)
+                self.kernels.append(map_kernel)
+                block_map, kv_block_map = (block_map, built) if transposed else (built, None)
+        counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         planned = set(effective_masks(p.score_ops)) if (
             self.online.plan.is_exact() or block_map is not None) else set()
         fwd_spec = ForwardSpec(
             program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
-            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map,
+            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
+            fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
             rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
         q_rows, k_rows = (inputs["q"], out, lse, d_out, delta, d_q), (inputs["k"], v, d_k, d_v)
         dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
         spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
-                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"])
+                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
         self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch,
                      dq_rows)
@@ -225,10 +239,12 @@ class _Builder:
             self.kernels.extend(tables.kernels)
         if self.packed is not None:
             self.kernels.extend(self.packed.kernels)
-        self.host.builder.insert(func.ReturnOp(*self.results))
+        # The tile counter (`count-tiles`) is an extra result after the gradients.
+        self.host.builder.insert(func.ReturnOp(*self.results, *([counter] if counter is not None else [])))
         bwd = func.FuncOp(
             f"{self.name}_backward",
-            func.FunctionType.from_lists(list(self.block.arg_types), [r.type for r in self.results]),
+            func.FunctionType.from_lists(list(self.block.arg_types),
+                                         [r.type for r in self.results] + ([counter.type] if counter is not None else [])),
             Region(self.block),
         )
         bwd.attributes["attnfuse.grad_of"] = ArrayAttr([IntegerAttr(i, i64) for i in self.grad_of])
@@ -351,10 +367,11 @@ class LowerBackwardPass(ModulePass):
     name = "lower-backward"
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
-    block_m: int = 64
-    """Query rows per dQ program and per step of the dK/dV loop."""
-    block_n: int = 64
-    """Keys per dK/dV program and per step of the dQ loop."""
+    block_m: int = 0
+    """Query rows per dQ program and per step of the dK/dV loop; 0 picks
+    `backward_block_sizes` (64, or 32 for f32 inputs)."""
+    block_n: int = 0
+    """Keys per dK/dV program and per step of the dQ loop; 0: 64, or 32 for f32."""
     num_warps: int = 4
     num_stages: int = 2
     """The backward keeps more tiles live than the forward (Q, dO, dQ or dK/dV
@@ -371,6 +388,20 @@ class LowerBackwardPass(ModulePass):
     """dK/dV kernel walks q blocks inside the planned masks without mask code; false is the ablation."""
     dkdv_num_warps: int = 0
     """Warps per dK/dV program; 0 uses `num-warps`."""
+    dkdv_block_map: bool = True
+    """With a runtime block map (data-dependent masks), the dK/dV kernel walks a transposed
+    map (per kv block, the partial and full q blocks that visit it); false walks every q
+    block of the band with mask code (the ablation)."""
+    count_tiles: bool = False
+    """Debug: count the tiles the dQ and dK/dV kernels visit, in a buffer returned after
+    the gradients (`AttentionFunction.count_backward_tiles`)."""
+    fold_scale: bool = True
+    """Recompute P with the scale carried through masks and biases to the exp2
+    multiply-add (as `lower-to-tile`); false is the ablation."""
+    alibi_vectors: bool = True
+    """ALiBi distances from per-key and per-query vectors (as `lower-to-tile`)."""
+    f32_dot: str = "ieee"
+    """Precision of the dots of f32 programs (as `lower-to-tile`)."""
     rotate_in_epilogue: bool = False
     """Sides whose pre-kernel transforms are all RoPE get dQ / dK rotated back in the
     main kernels' epilogue, written once in the input dtype, instead of by transpose
@@ -379,6 +410,7 @@ class LowerBackwardPass(ModulePass):
     (Llama-3-8B on an H200, run 14: fwd+bwd 3.42 vs 3.28 ms at S = 2048)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_f32_dot(self.name, self.f32_dot)
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -389,11 +421,15 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            check_tile_rows(program, self.block_m, self.block_n, "lower-backward{block-m block-n}")
-            builder = _Builder(program, self.block_m, self.block_n, self.num_warps, self.num_stages,
+            default_m, default_n = backward_block_sizes(program)
+            block_m, block_n = self.block_m or default_m, self.block_n or default_n
+            check_tile_rows(program, block_m, block_n, "lower-backward{block-m block-n}")
+            builder = _Builder(program, block_m, block_n, self.num_warps, self.num_stages,
                                self.rope_table, self.transforms_in_kernel,
-                               DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps),
-                               self.rotate_in_epilogue)
+                               DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
+                                          self.dkdv_block_map),
+                               self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
+                               self.f32_dot)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:

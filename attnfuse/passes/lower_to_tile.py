@@ -48,8 +48,10 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.tile_plan import default_num_warps
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
+from attnfuse.dialects.tile import DotOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
@@ -90,6 +92,12 @@ def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_
     return 1
 
 
+def check_f32_dot(pass_name: str, value: str) -> None:
+    """Reject an `f32-dot` option that `tile.dot` does not know."""
+    if value not in DotOp.PRECISIONS:
+        raise ValueError(f"{pass_name}: f32-dot must be one of {', '.join(DotOp.PRECISIONS)}, got {value!r}")
+
+
 def _in_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     return [t for t in transforms if t.str_option("placement") != "prekernel"]
 
@@ -110,7 +118,8 @@ class LowerToTilePass(ModulePass):
     requires: ClassVar[tuple[str, ...]] = ("rope-fusion", "online-softmax", "mask-tiling")
 
     num_warps: int = 0
-    """Warps per forward program; 0 picks 8 for 128-row blocks, else 4."""
+    """Warps per forward program; 0 picks 8 for 128-row blocks, else 4 (f32: 8 scores of
+    the tile per thread, `default_num_warps`)."""
     num_stages: int = 0
     """Software-pipelining depth of the KV loop; 0 picks the deepest (<= 3) that fits
     the shared memory of a Hopper SM (see `pipeline_stages`)."""
@@ -120,8 +129,15 @@ class LowerToTilePass(ModulePass):
     """In-kernel RoPE reads cos/sin from a table built once per call (`rope_table.py`)
     instead of evaluating them on every tile; false is the ablation."""
     fold_scale: bool = True
-    """Scale the scores after the row max, in the exp2 multiply-add, when only masks
-    follow `attn.scores`; false is the ablation."""
+    """Carry the scale through the score chain (masks, biases, softcaps) and apply it
+    after the row max, in the exp2 multiply-add; false is the ablation."""
+    alibi_vectors: bool = True
+    """ALiBi's `slope * (kv - q)` as the difference of a per-key and a per-query vector
+    (one subtraction per score); false converts `kv - q` per score (the ablation)."""
+    f32_dot: str = "ieee"
+    """Precision of the dots of f32 programs: `ieee` (FMA units, what flex_attention
+    does with PyTorch's default matmul precision), `tf32x3` (tensor cores, three TF32
+    products: about fp32 accuracy) or `tf32`."""
     hopper_forward: bool = True
     """Also build the warp-specialized Gluon forward (`lowering/hopper_forward.py`) for
     programs it serves; calls on compute capability 9.x devices whose shape class it
@@ -132,6 +148,7 @@ class LowerToTilePass(ModulePass):
     reshape into the output projection without a copy)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_f32_dot(self.name, self.f32_dot)
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -222,11 +239,12 @@ class LowerToTilePass(ModulePass):
             kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
             k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
-            num_warps=self.num_warps or (8 if block_m >= 128 else 4),
+            num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data),
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
+            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
         )
         hopper = lower_hopper_forward(spec, host, fname, one) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")

@@ -44,6 +44,16 @@ class Runner:
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
         """Run the compiled backward: one gradient per argument (None where there is none)."""
+        results = self.backward_results(args, out, lse, d_out, d_lse)
+        grads: list[torch.Tensor | None] = [None] * len(self.checker.parameters)
+        for index, grad in zip(self.grad_of, results):
+            grads[index] = grad
+        return grads
+
+    def backward_results(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                         d_lse: torch.Tensor | None = None) -> list[Any]:
+        """The backward host program's results: the gradients in `grad_of` order, then
+        any debug results (the tile counter of `lower-backward{count-tiles=true}`)."""
         assert self.backward is not None
         if d_lse is None:
             d_lse = torch.zeros_like(lse)
@@ -51,8 +61,4 @@ class Runner:
         full = [*self.checker.scalars(args), out, lse, d_out, d_lse]
         signature = call_signature(full)
         plan = self.backward.plan(signature)
-        results = plan.run(full) if plan is not None else self.backward.build(full, signature, out.device)
-        grads: list[torch.Tensor | None] = [None] * len(self.checker.parameters)
-        for index, grad in zip(self.grad_of, results):
-            grads[index] = grad
-        return grads
+        return list(plan.run(full) if plan is not None else self.backward.build(full, signature, out.device))

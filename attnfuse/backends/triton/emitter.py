@@ -698,7 +698,8 @@ def _dot(e: TritonEmitter, op: tile.DotOp) -> None:
         args.append(e.expr(op.acc))
     in_elem = element_type_of(op.lhs.type)
     if isinstance(in_elem, Float32Type):
-        args.append('input_precision="ieee"')
+        precision = op.precision.data if op.precision is not None else "ieee"
+        args.append(f'input_precision="{precision}"')
     elif isinstance(in_elem, IntegerType):
         args.append("out_dtype=tl.int32")
     e.assign(op, f"tl.dot({', '.join(args)})")

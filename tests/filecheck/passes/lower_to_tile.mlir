@@ -94,15 +94,19 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 
 // -----
 
-// No mask: one KV loop over every tile, no mask code; the ALiBi slopes become a host
-// constant table read by the kernel.
+// No mask: an exact plan without a band; every tile inside [0, Skv) is full (K loaded
+// without a mask), the last partial one is masked; no mask code anywhere. The ALiBi
+// slopes become a host constant table read by the kernel.
 // FUSED-LABEL: func.func @alibi(
 // FUSED:         %table = arith.constant dense<[2.500000e-01, 6.250000e-02, 1.562500e-02, 3.906250e-03]> : tensor<4xf32>
 // FUSED:         host.launch @alibi_fwd[%grid_m, %grid_bh, %one] (%q, %k, %v, %out, %lse, %table, %batch, %q_len, %kv_len)
 // FUSED:       tile.kernel @alibi_fwd(
 // FUSED-SAME:      %alibi_slopes0: !tile.ptr<f32>, %alibi_slopes0_stride0: i32
-// FUSED:         %{{.*}} = scf.for
-// FUSED-NOT:     scf.for
+// FUSED-NOT:     %keep
+// FUSED:         scf.for %start_n_1 = %full_lo to %full_hi
+// FUSED:         %K_all_1 = tile.load %K_base[%{{[0-9]+}}] : !tile.ptr<f16>
+// FUSED-NOT:     %keep
+// FUSED:         scf.for %start_n_2 = %full_hi to %Skv
 // FUSED-NOT:     %keep
 // FUSED:         tile.return
 func.func @alibi(%q: tensor<?x4x?x64xf16>, %k: tensor<?x4x?x64xf16>, %v: tensor<?x4x?x64xf16>) -> tensor<?x4x?x64xf16> {

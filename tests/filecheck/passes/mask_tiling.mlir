@@ -5,11 +5,12 @@
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling{block-m=48}' 2>&1 | filecheck %s --check-prefix=BAD
 // BAD: block-m must be a power of two >= 16, got 48
 
-// No mask: every tile, no plan beyond the block sizes (by default chosen by the pass).
+// No mask: every tile, and exact (every in-bounds tile is full: no mask code, no bounds
+// masks); the block sizes are by default chosen by the pass.
 // CHECK-LABEL: func.func @no_mask(
-// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32>}
+// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32, exact>}
 // DEFAULT-LABEL: func.func @no_mask(
-// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64|128|256)}}>}
+// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64|128|256)}}, exact>}
 func.func @no_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
@@ -21,9 +22,9 @@ func.func @no_mask(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tenso
 
 // Head dim 256: the default KV block is at most 64 (shared memory).
 // CHECK-LABEL: func.func @no_mask_d256(
-// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32>}
+// CHECK:         attn.online_softmax %s, %v {tile_plan = #attn.tile_plan<64x32, exact>}
 // DEFAULT-LABEL: func.func @no_mask_d256(
-// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64)}}>}
+// DEFAULT:         attn.online_softmax {{.*}} {tile_plan = #attn.tile_plan<{{(16|32|64|128|256)}}x{{(16|32|64)}}, exact>}
 func.func @no_mask_d256(%q: tensor<?x4x?x256xf16>, %k: tensor<?x2x?x256xf16>, %v: tensor<?x2x?x256xf16>) -> tensor<?x4x?x256xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x256xf16>, tensor<?x2x?x256xf16> -> !attn.scores<?x4x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
@@ -202,13 +203,14 @@ func.func @custom_per_head(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %
 // -----
 
 // A mask before a softcap or a score_mod does not remove elements (-inf becomes -cap,
-// or anything): no plan. After them it does (the bias in between is fine).
+// or anything): no band (every tile visited, each with that mask's code, which the plan
+// does not cover). After them it does (the bias in between is fine).
 // CHECK-LABEL: func.func @mask_then_softcap(
-// CHECK:         attn.online_softmax %c, %v {tile_plan = #attn.tile_plan<64x32>} :
+// CHECK:         attn.online_softmax %c, %v {tile_plan = #attn.tile_plan<64x32, exact>} :
 // CHECK-LABEL: func.func @softcap_then_mask(
 // CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<64x32, band [?, 0], exact>}
 // CHECK-LABEL: func.func @mask_then_score_mod(
-// CHECK:         attn.online_softmax %t, %v {tile_plan = #attn.tile_plan<64x32>} :
+// CHECK:         attn.online_softmax %t, %v {tile_plan = #attn.tile_plan<64x32, exact>} :
 func.func @mask_then_softcap(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x4x?x64xf16> {
   %s = attn.scores %q, %k : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<?x4x?x?xf32>
   %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>

@@ -1,0 +1,155 @@
+"""The examples that lost to flex_attention (issue 7), each with its optimisations on and off.
+
+    python bench/examples_ablation.py --out DIR [--examples t5_bias,document] [--seq 8192] [--batch 2]
+
+For every example: flex_attention (bench/baselines.py, compiled) once, then AttnFuse with
+the default pipeline and with the ablation variants of `VARIANTS` (pass options turned
+off, or other tile configs), forward and forward + backward (gradients of q, k, v), at
+B = 2, S = 8192 as `run_all.py --sections examples`. Writes DIR/examples_ablation.json
+(one row per example x variant: ms, speed-up over flex = flex ms / AttnFuse ms, max
+|out - flex|) and prints a table. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnfuse
+from attnfuse import examples, reference
+from attnfuse.program import analyze, find_functions
+from attnfuse.testing import make_inputs
+from baselines import flex_baseline
+from run_all import bench
+
+
+def pipe(tiles: str = "", backward: str = "", lower: str = "") -> str:
+    """The default pipeline with options for mask-tiling, lower-backward and lower-to-tile."""
+    def opt(name: str, options: str) -> str:
+        return f"{name}{{{options}}}" if options else name
+    return ("attn-canonicalize,rope-fusion{strategy=auto},online-softmax,"
+            f"{opt('mask-tiling', tiles)},{opt('lower-backward', backward)},{opt('lower-to-tile', lower)}")
+
+
+def f32_forward(bm: int, bn: int, warps: int) -> str:
+    return pipe(f"block-m={bm} block-n={bn}", "", f"num-warps={warps}")
+
+
+NO_FOLD = "fold-scale=false alibi-vectors=false"
+VARIANTS: dict[str, dict[str, str]] = {
+    "t5_bias": {
+        "default": pipe(),  # f32: forward 64x32 x 8 warps, backward 32x32 x 4
+        "main_tiles": pipe("block-m=128 block-n=64", "block-m=64 block-n=64", "num-warps=8"),
+        "fwd_32x32x4": f32_forward(32, 32, 4),
+        "fwd_128x16x8": f32_forward(128, 16, 8),
+        "fwd_64x16x4": f32_forward(64, 16, 4),
+        "fwd_128x32x4": f32_forward(128, 32, 4),  # flex's sm_90 f32 D=64 config
+        "fwd_64x64x8": f32_forward(64, 64, 8),
+        "bwd_16x16": pipe("", "block-m=16 block-n=16"),
+        # tensor cores, about fp32 accuracy (not what flex does by default: see docs/passes.md)
+        "tf32x3": pipe("block-m=128 block-n=64", "block-m=64 block-n=64 f32-dot=tf32x3", "f32-dot=tf32x3"),
+        "tf32x3_bwd32": pipe("block-m=128 block-n=64", "f32-dot=tf32x3", "f32-dot=tf32x3"),
+    },
+    "document": {
+        "default": pipe(),
+        "no_dkdv_block_map": pipe("", "dkdv-block-map=false"),
+    },
+    "alibi": {
+        "default": pipe(),
+        "no_fold_no_vectors": pipe("", NO_FOLD, NO_FOLD),
+        "no_vectors": pipe("", "alibi-vectors=false", "alibi-vectors=false"),
+        "fwd_4_warps": pipe("", "", "num-warps=4"),
+    },
+    "qwen3": {
+        "default": pipe(),
+        "no_fold": pipe("", "fold-scale=false", "fold-scale=false"),
+    },
+    "llama3": {
+        "default": pipe(),
+        "no_fold": pipe("", "fold-scale=false", "fold-scale=false"),
+    },
+}
+
+
+def time_pair(run: Callable[..., torch.Tensor], qkv: list[torch.Tensor], g: torch.Tensor) -> dict[str, float]:
+    with torch.no_grad():
+        fwd = bench(lambda: run(*qkv))
+    leaves = [t.detach().requires_grad_(True) for t in qkv]
+
+    def step() -> None:
+        for t in leaves:
+            t.grad = None
+        run(*leaves).backward(g)
+
+    return {"fwd_ms": fwd, "fwd_bwd_ms": bench(step)}
+
+
+def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list[dict[str, Any]]) -> None:
+    text = examples.path(name).read_text()
+    function = find_functions(reference.parse_program(text))[0]
+    program = analyze(function)
+    args = make_inputs(function, batch, seq, seq, device="cuda", seed=3)
+    index = [program.q.arg_index, program.k.arg_index, program.v_arg]
+    qkv = [args[i] for i in index]
+    g = torch.randn_like(qkv[0])
+    base = {"example": name, "batch": batch, "seq": seq, "dtype": str(qkv[0].dtype)}
+    flex = flex_baseline(program, args)
+    with torch.no_grad():
+        flex_out = flex(*qkv).float()
+    flex_times = time_pair(flex, qkv, g)
+    rows.append({**base, "variant": "flex", **flex_times})
+    for variant in variants:
+        pipeline = VARIANTS[name][variant]
+        row: dict[str, Any] = {**base, "variant": variant, "pipeline": pipeline}
+        try:
+            fn = attnfuse.compile(text, pipeline=pipeline)
+
+            def run(*t: torch.Tensor, fn: Any = fn) -> torch.Tensor:
+                return fn(*[t[index.index(i)] if i in index else a for i, a in enumerate(args)])
+
+            with torch.no_grad():
+                row["max_diff_vs_flex"] = float((run(*qkv).float() - flex_out).abs().max())
+            row.update(time_pair(run, qkv, g))
+            for key in ("fwd_ms", "fwd_bwd_ms"):
+                row[f"{key[:-3]}_speedup_vs_flex"] = flex_times[key] / row[key]
+        except Exception as exc:  # reported, never hidden
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--examples", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=8192)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = set(filter(None, args.variants.split(",")))
+    rows: list[dict[str, Any]] = []
+    start = time.time()
+    for name in args.examples.split(","):
+        variants = [v for v in VARIANTS[name] if not wanted or v in wanted]
+        run_example(name, variants, args.batch, args.seq, rows)
+        (out / "examples_ablation.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": time.time() - start,
+             "rows": rows}, indent=1))
+    print(f"\n{'example':10} {'variant':20} {'fwd ms':>9} {'x flex':>7} {'fwd+bwd ms':>11} {'x flex':>7}")
+    for r in rows:
+        print(f"{r['example']:10} {r['variant']:20} {r.get('fwd_ms', float('nan')):9.3f} "
+              f"{r.get('fwd_speedup_vs_flex', float('nan')):7.2f} {r.get('fwd_bwd_ms', float('nan')):11.3f} "
+              f"{r.get('fwd_bwd_speedup_vs_flex', float('nan')):7.2f}  {r.get('error', '')}")
+
+
+if __name__ == "__main__":
+    main()
