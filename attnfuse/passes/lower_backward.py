@@ -38,12 +38,12 @@ from attnfuse.lowering.backward import (
     DkvOptions,
     DqKernel,
     GradBuffers,
-    build_preprocess,
 )
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
+from attnfuse.lowering.preprocess import build_preprocess
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
 from attnfuse.lowering.qk_side import partition
 from attnfuse.lowering.rope_table import RopeTables
