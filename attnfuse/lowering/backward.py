@@ -31,7 +31,15 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.forward import LOG2E, BlockMap, ForwardKernel, ForwardSpec, in_bounds, load_rows
+from attnfuse.lowering.forward import (
+    LOG2E,
+    BlockMap,
+    ForwardKernel,
+    ForwardSpec,
+    in_bounds,
+    load_rows,
+    walk_block_map,
+)
 from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
@@ -363,22 +371,9 @@ class DkvKernel(_Recompute):
                   tile: Callable[[SSAValue, list[SSAValue], bool], list[SSAValue]]) -> list[SSAValue]:
         """The partial, then the full q blocks the transposed block map lists for this kv
         block (of query head `head` when the map is per head)."""
-        b, bm = self.b, self.base.block_m
         assert self.bspec.kv_block_map is not None
-        per_head = self.bspec.kv_block_map.per_head
-        map_head: Value = head if per_head else 0
-        map_heads = self.base.hq if per_head else 1
-        slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), b.num_programs(0)), pid_n, name="map_slot")
-        for (count_arg, index_arg), full in (((self.map_args[0], self.map_args[1]), False),
-                                             ((self.map_args[2], self.map_args[3]), True)):
-            assert count_arg.ptr is not None and index_arg.ptr is not None
-            count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
-            row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
-            with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
-                q_block = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name="q_block")
-                loop.yield_(*tile(b.mul(q_block, bm, name="start_m"), list(loop.carried), full))
-            state = list(loop.results)
-        return state
+        return walk_block_map(self.b, self.map_args, self.bspec.kv_block_map.per_head, self.base.hq, batch, head,
+                              pid_n, self.base.block_m, state, tile, "q_block", "start_m")
 
     def _q_range(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> tuple[Value, Value]:
         """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""

@@ -12,6 +12,7 @@ tiles. In a packed batch a program is one (sequence, q block) slot instead
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import TensorType, f32
@@ -311,23 +312,10 @@ class ForwardKernel:
         return list(loop.results)
 
     def _walk_block_map(self, state: list[SSAValue], batch: SSAValue, head: SSAValue, pid_m: SSAValue) -> list[SSAValue]:
-        b = self.b
         assert self.spec.block_map is not None
-        n_blocks_q = b.num_programs(0)
-        map_head: Value = head if self.spec.block_map.per_head else 0
-        map_heads = self.hq if self.spec.block_map.per_head else 1
-        slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), n_blocks_q), pid_m, name="map_slot")
-        for (count_arg, index_arg), full in (((self.map_args[0], self.map_args[1]), False),
-                                             ((self.map_args[2], self.map_args[3]), True)):
-            assert count_arg.ptr is not None and index_arg.ptr is not None
-            count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
-            row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
-            with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
-                kv_block = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name="kv_block")
-                start_n = b.mul(kv_block, self.block_n, name="start_n")
-                loop.yield_(*self._tile(start_n, list(loop.carried), full_tile=full))
-            state = list(loop.results)
-        return state
+        return walk_block_map(
+            self.b, self.map_args, self.spec.block_map.per_head, self.hq, batch, head, pid_m, self.block_n, state,
+            lambda start_n, carried, full: self._tile(start_n, carried, full_tile=full), "kv_block", "start_n")
 
     def _tile(self, start_n: SSAValue, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
         """One KV tile of the online softmax; returns the new (m, l, acc)."""
@@ -400,6 +388,28 @@ def in_bounds(b: TileBuilder, row_ok: SSAValue, col_ok: SSAValue, full_tile: boo
         m = len_of(row_ok)
         return b.broadcast_to(rows, (n, m) if transposed else (m, n), name="valid")
     return b.and_(rows, b.expand_dims(col_ok, 1 if transposed else 0), name="valid")
+
+
+def walk_block_map(b: TileBuilder, map_args: list[TensorArg], per_head: bool, heads: int, batch: SSAValue,
+                   head: SSAValue, pid: SSAValue, block: int, state: list[SSAValue],
+                   tile: Callable[[SSAValue, list[SSAValue], bool], list[SSAValue]], block_name: str,
+                   start_name: str) -> list[SSAValue]:
+    """Walk the partial, then the full blocks a runtime block map lists for program `pid`
+    along grid axis 0 (`map_args`: partial count / index, full count / index; of query
+    head `head` when the map is per head), calling `tile(start, carried, full)` on each.
+    The forward walks KV blocks of a q block, the dK/dV kernel q blocks of a KV block."""
+    map_head: Value = head if per_head else 0
+    map_heads = heads if per_head else 1
+    slot = b.add(b.mul(b.add(b.mul(batch, map_heads), map_head), b.num_programs(0)), pid, name="map_slot")
+    for (count_arg, index_arg), full in (((map_args[0], map_args[1]), False), ((map_args[2], map_args[3]), True)):
+        assert count_arg.ptr is not None and index_arg.ptr is not None
+        count = b.load(count_arg.ptr, b.mul(slot, count_arg.strides[0]), name="n_tiles")
+        row_base = b.ptr_add(index_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(index_arg.strides[0])))
+        with b.for_(0, count, 1, inits=state, iv_name="j") as loop:
+            index = b.load(row_base, b.mul(loop.iv, index_arg.strides[1]), name=block_name)
+            loop.yield_(*tile(b.mul(index, block, name=start_name), list(loop.carried), full))
+        state = list(loop.results)
+    return state
 
 
 def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,

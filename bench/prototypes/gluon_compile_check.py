@@ -4,7 +4,7 @@ WITHOUT a GPU and print their resources:
     python bench/prototypes/gluon_compile_check.py [simple|ws|ws_coop ...] [--stages N] [--dump DIR]
 
 For each kernel: registers and spill bytes (ptxas -v on the PTX, as
-attnfuse.backends.triton.sm90.ptxas_usage), shared memory (metadata.shared), and whether
+attnfuse.backends.gluon.sm90.gluon_resources), shared memory (metadata.shared), and whether
 the PTX holds wgmma (`wgmma.mma_async`), TMA loads/stores (`cp.async.bulk.tensor`),
 mbarrier waits and, for the warp-specialized kernel, `setmaxnreg`. Exit status 1 if a
 kernel spills, needs more than 232448 bytes of shared memory, or lacks wgmma / TMA.
@@ -39,7 +39,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
 import gluon_fa3_forward as fa3
-from attnfuse.backends.triton.sm90 import ptxas_usage
+from attnfuse.backends.gluon.sm90 import gluon_resources
 
 SMEM_LIMIT = 232448
 
@@ -72,21 +72,10 @@ def compile_variant(variant: str, stages: int | None = None) -> Any:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def report(variant: str, compiled: Any) -> dict[str, Any]:
-    ptx = compiled.asm["ptx"]
-    usage = ptxas_usage(compiled)
-    info = {
-        "kernel": compiled.metadata.name,
-        "num_warps": compiled.metadata.num_warps,
-        "regs": usage["regs"],
-        "spill_bytes": usage["spill_bytes"],
-        "shared": compiled.metadata.shared,
-        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-        "tma_load": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)),
-        "tma_store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
-        "mbarrier_wait": len(re.findall(r"mbarrier\.try_wait", ptx)),
-        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx))),
-    }
+def report(compiled: Any) -> dict[str, Any]:
+    """The library's resource report (`gluon_resources`) plus the mbarrier waits."""
+    info = gluon_resources(compiled)
+    info["mbarrier_wait"] = len(re.findall(r"mbarrier\.try_wait", compiled.asm["ptx"]))
     return info
 
 
@@ -100,7 +89,7 @@ def main() -> int:
     for variant in a.variants:
         t0 = time.time()
         compiled = compile_variant(variant, a.stages)
-        info = report(variant, compiled)
+        info = report(compiled)
         info["compile_s"] = round(time.time() - t0, 1)
         print(variant, info, flush=True)
         if a.dump:
