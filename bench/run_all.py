@@ -141,7 +141,7 @@ TRAINING_VARIANTS: dict[str, str] = {
     "ablation:hybrid_dkdv_transposed": pipeline("hybrid", bwd="dkdv-transposed=true"),
     "ablation:hybrid_dkdv_no_full_tiles": pipeline("hybrid", bwd="dkdv-full-tiles=false"),
     "ablation:fused_transforms_in_kernel": pipeline("fused", bwd="transforms-in-kernel=true"),
-    "ablation:hybrid_rotate_in_epilogue": pipeline("hybrid", bwd="rotate-in-epilogue=true"),
+    "ablation:hybrid_no_rotate_in_epilogue": pipeline("hybrid", bwd="rotate-in-epilogue=false"),
     "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="rope-table=false", lower="rope-table=false"),
 }
 

@@ -309,8 +309,10 @@ class StoreOp(_StoreLikeOp):
 class AtomicAddOp(_StoreLikeOp):
     """
     Atomically adds `value` to `ptr[offsets]` where `mask` is set
-    (`tl.atomic_add`); element type f32, f16, f64, i32 or i64. Used to
-    accumulate gradients (e.g. dQ) from several programs.
+    (`tl.atomic_add`, relaxed memory order: the sums are complete for later
+    kernels, not ordered against other accesses of the same kernel); element type
+    f32, f16, f64, i32 or i64. Used to accumulate gradients (e.g. dQ) from several
+    programs.
 
     ```mlir
     tile.atomic_add %dq[%offs], %d mask %m : !tile.ptr<f32>, tensor<64x128xi32>, tensor<64x128xf32>

@@ -40,7 +40,16 @@ from attnfuse.lowering.forward import (
     load_rows,
     walk_block_map,
 )
-from attnfuse.lowering.qk_side import Part, SideContext, SideTransforms, load_parts, padded, store_parts
+from attnfuse.lowering.qk_side import (
+    Part,
+    SideContext,
+    SideTransforms,
+    load_parts,
+    padded,
+    partition,
+    split_parts,
+    store_parts,
+)
 from attnfuse.lowering.qk_side_grad import backward as side_backward
 from attnfuse.lowering.qk_side_grad import forward_saving, rope_transpose
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
@@ -106,6 +115,19 @@ def _epilogue_side(ropes: list[RopeOp], fwd: ForwardSpec, sig: KernelSignature, 
         return None
     table = fwd.rope_table  # a RopeTables, or None to evaluate cos/sin once per program
     return SideTransforms(list(ropes), SideContext(sig, head_dim, fwd.inv_freq, table, f32), prefix)  # type: ignore[arg-type]
+
+
+def rotate_back(epilogue: SideTransforms | None, b: TileBuilder, grad: dict[str, SSAValue],
+                layout: tuple[Part, ...], head_dim: int, rows: SSAValue, batch: SSAValue,
+                row_ok: SSAValue) -> tuple[dict[str, SSAValue], tuple[Part, ...]]:
+    """(gradient, its layout) after the epilogue's RoPE transposes: a full-width gradient
+    (the main loop's dots stay full width) is first split into the rope's two halves."""
+    if epilogue is None:
+        return grad, layout
+    rope_layout = partition(epilogue.transforms[0], head_dim)  # type: ignore[arg-type]
+    if layout != rope_layout:
+        grad, layout = split_parts(b, grad[layout[0].role], rope_layout), rope_layout
+    return rope_transpose(epilogue, b, grad, layout, rows, batch, row_ok), layout
 
 
 class _Recompute:
@@ -224,9 +246,8 @@ class DqKernel(ForwardKernel, _Recompute):
             contribution = b.where(row_ok, b.neg(b.mul(p_sink, self.delta)), 0.0)
             b.store(self.sinks_grad.ptr, slot, b.reduce_sum(contribution, 0))
         grad, side_grads = side_backward(self.q_side, b, dq, self.q_states, self.layout, rows, batch, row_ok)
-        if self.q_epilogue is not None:
-            grad = rope_transpose(self.q_epilogue, b, grad, self.layout, rows, batch, row_ok)
-        store_parts(b, self.dq_arg, self.dq_arg.base(b, batch, head), rows, row_ok, self.layout, grad)
+        grad, layout = rotate_back(self.q_epilogue, b, grad, self.layout, self.head_dim, rows, batch, row_ok)
+        store_parts(b, self.dq_arg, self.dq_arg.base(b, batch, head), rows, row_ok, layout, grad)
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.qw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
         return b.finish()
@@ -355,9 +376,8 @@ class DkvKernel(_Recompute):
         *dk_acc, dv = heads.results
         dk = {p.role: b.mul(acc, self.scale) for p, acc in zip(self.layout, dk_acc)}
         grad, side_grads = side_backward(base.k_side, b, dk, k_states, self.layout, cols, batch, col_ok)
-        if self.k_epilogue is not None:
-            grad = rope_transpose(self.k_epilogue, b, grad, self.layout, cols, batch, col_ok)
-        store_parts(b, self.dk_arg, self.dk_arg.base(b, batch, kv_head), cols, col_ok, self.layout, grad)
+        grad, layout = rotate_back(self.k_epilogue, b, grad, self.layout, base.head_dim, cols, batch, col_ok)
+        store_parts(b, self.dk_arg, self.dk_arg.base(b, batch, kv_head), cols, col_ok, layout, grad)
         d = b.arange(0, dv_pad)
         offs = b.add(b.expand_dims(b.mul(cols, self.dv_arg.strides[2]), 1), b.expand_dims(b.mul(d, self.dv_arg.strides[3]), 0))
         mask = b.and_(b.expand_dims(col_ok, 1), b.expand_dims(b.lt(d, base.v_dim), 0))

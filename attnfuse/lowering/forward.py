@@ -82,9 +82,6 @@ class ForwardSpec:
     """ALiBi distances from per-key and per-query vectors (`ScoreChain`)."""
     f32_dot: str = "ieee"
     """`precision` of the dots of f32 tiles (`tile.dot`): ieee, tf32x3 or tf32."""
-    rope_layout: RopeOp | None = None
-    """A RoPE run outside the kernel whose column pairs the parts layout follows when no
-    rope runs inside (the backward kernels rotate dQ / dK back by it in their epilogue)."""
     packed: PackedRows | None = None
     """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
 
@@ -125,8 +122,6 @@ class ForwardKernel:
                 rope_k,
             )
         self.layout = layout_q if rope_q is not None else layout_k
-        if rope_q is None and rope_k is None and spec.rope_layout is not None:
-            self.layout = partition(spec.rope_layout, self.head_dim)
 
         sig = KernelSignature(spec.remap)
         self.sig = sig

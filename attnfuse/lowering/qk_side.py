@@ -63,6 +63,29 @@ def partition(rope: RopeOp | None, head_dim: int) -> tuple[Part, ...]:
     return tuple(parts)
 
 
+def splittable(rope: RopeOp, head_dim: int) -> bool:
+    """Whether `split_parts` can regroup a full-width tile into `rope`'s two parts: the
+    rotation covers the whole head dim, a power of two."""
+    return rope.rotary_width() == head_dim == padded(head_dim)
+
+
+def split_parts(b: TileBuilder, tile: SSAValue, layout: tuple[Part, ...]) -> dict[str, SSAValue]:
+    """The two parts of a rope layout (`splittable`) taken out of a full-width [R, D] tile:
+    a reshape to [R, 2, D/2] (half style) or [R, D/2, 2] (interleaved) and a select of
+    each index of the size-2 axis. Meant for epilogues, where the layout conversion runs
+    once per program."""
+    first, second = layout
+    rows = tile.type.get_shape()[0]  # type: ignore[attr-defined]
+    if first.step == 1:
+        grouped, axis = b.reshape(tile, [rows, 2, first.width]), 1
+        which = b.expand_dims(b.expand_dims(b.arange(0, 2), 0), 2)
+    else:
+        grouped, axis = b.reshape(tile, [rows, first.width, 2]), 2
+        which = b.expand_dims(b.expand_dims(b.arange(0, 2), 0), 0)
+    return {part.role: b.reduce_sum(b.where(b.eq(which, i), grouped, 0.0), axis, name=f"split_{part.role}")
+            for i, part in enumerate(layout)}
+
+
 def side_layout(transforms: list[RopeOp | QKNormOp], head_dim: int) -> tuple[Part, ...]:
     """The parts of a side: those of its rope(s), which must agree."""
     from attnfuse.program import ProgramError

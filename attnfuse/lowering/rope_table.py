@@ -36,7 +36,10 @@ from attnfuse.lowering.qk_side import SideContext, SideTransforms, padded
 from attnfuse.lowering.signature import KernelSignature
 from attnfuse.reference.rope import RopeParams
 
-ROWS_PER_PROGRAM = 64
+ROWS_PER_PROGRAM = 16
+"""Positions per program. The table is small (S x rotary_dim) and each element costs a
+libdevice sin or cos with range reduction, so the kernel is latency-bound: 16 rows give
+S / 16 programs (128 at S = 2048) to spread over the SMs."""
 
 
 class RopeTables:
@@ -94,7 +97,7 @@ def build_table_kernel(
     name: str, op: RopeOp, table: SSAValue, rows: SSAValue, inv_freq: Callable[[RopeOp], SSAValue],
     remap: dict[SSAValue, SSAValue],
 ) -> tuple[Operation, list[SSAValue]]:
-    """The kernel filling `table` (grid: cdiv(rows, 64) x slices) and its launch operands."""
+    """The kernel filling `table` (grid: cdiv(rows, ROWS_PER_PROGRAM) x slices) and its launch operands."""
     assert isinstance(table.type, TensorType)
     sig = KernelSignature(remap)
     out = sig.tensor("T", table)

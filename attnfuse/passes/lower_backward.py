@@ -45,7 +45,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.preprocess import build_preprocess
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel, build_prekernel_backward
-from attnfuse.lowering.qk_side import partition
+from attnfuse.lowering.qk_side import partition, splittable
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.lowering.varlen import PackedHost, PackedRows
@@ -68,7 +68,7 @@ class _Builder:
 
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
-                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = False,
+                 dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
                  f32_dot: str = "ieee") -> None:
         self.program = program
@@ -212,7 +212,6 @@ class _Builder:
             num_warps=self.warps, num_stages=self.stages, remap=self.remap,
             block_m=self.block_m, block_n=self.block_n, rope_table=tables,
             fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
-            rope_layout=next(iter(epilogue["q"] + epilogue["k"]), None),
         )
         q_rows, k_rows = (inputs["q"], out, lse, d_out, delta, d_q), (inputs["k"], v, d_k, d_v)
         dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
@@ -270,16 +269,20 @@ class _Builder:
 
     def _epilogue_ropes(self) -> dict[str, list[RopeOp]]:
         """Per side, the pre-kernel RoPEs that the dQ / dK/dV kernels undo in their
-        epilogue (`rotate-in-epilogue`): sides whose pre-kernel transforms are all RoPE,
-        when every such rope pairs the same columns (the kernels' parts layout)."""
+        epilogue (`rotate-in-epilogue`): sides whose pre-kernel transforms are all RoPE
+        over the whole head dim (a power of two, `splittable`), pairing the same columns
+        as any rope the kernels apply themselves (their parts layout)."""
         sides = {"q": self.program.q.transforms, "k": self.program.k.transforms}
-        ropes = {tag: list(self.pre(tf)) for tag, tf in sides.items()}
-        chosen = {tag: r if self.rotate_in_epilogue and r and all(isinstance(t, RopeOp) for t in r) else []
-                  for tag, r in ropes.items()}
         head_dim = _dim(self.program.scores.q.type, 3)
-        if len({partition(r, head_dim) for r in chosen["q"] + chosen["k"]}) > 1:
-            return {"q": [], "k": []}
-        return chosen  # type: ignore[return-value]
+        in_kernel = [t for tf in sides.values() for t in self.in_kernel(tf) if isinstance(t, RopeOp)]
+        chosen: dict[str, list[RopeOp]] = {}
+        for tag, tf in sides.items():
+            ropes = self.pre(tf)
+            usable = self.rotate_in_epilogue and ropes and all(
+                isinstance(t, RopeOp) and splittable(t, head_dim) for t in ropes
+            ) and len({partition(r, head_dim) for r in ropes + in_kernel}) == 1
+            chosen[tag] = ropes if usable else []
+        return chosen
 
     def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue,
                      final: bool) -> SSAValue:
@@ -402,12 +405,13 @@ class LowerBackwardPass(ModulePass):
     """ALiBi distances from per-key and per-query vectors (as `lower-to-tile`)."""
     f32_dot: str = "ieee"
     """Precision of the dots of f32 programs (as `lower-to-tile`)."""
-    rotate_in_epilogue: bool = False
-    """Sides whose pre-kernel transforms are all RoPE get dQ / dK rotated back in the
-    main kernels' epilogue, written once in the input dtype, instead of by transpose
-    pre-kernels on f32 buffers. Off: the rotation needs the half-split parts layout, whose
-    two half-width dots made dQ and dK/dV 7-20% slower than the full-width dots save
-    (Llama-3-8B on an H200, run 14: fwd+bwd 3.42 vs 3.28 ms at S = 2048)."""
+    rotate_in_epilogue: bool = True
+    """Sides whose pre-kernel transforms are all RoPE over the whole head dim get dQ / dK
+    rotated back in the main kernels' epilogue, written once in the input dtype, instead
+    of by transpose pre-kernels on f32 buffers (no f32 dQ / dK buffers). The main loops
+    keep full-width dots; the epilogue splits the gradient into the rope's halves
+    (`qk_side.split_parts`). Until run 16 the rotation used the half-split layout in the
+    whole loop, whose half-width dots made it slower (docs/benchmarks.md)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)

@@ -42,7 +42,7 @@ CASES = [
     ("hybrid", "varlen_schedule_q128"),
     ("hybrid", "varlen_bwd_dq"),
     ("hybrid", "varlen_bwd_dkdv"),
-    ("hybrid", "varlen_bwd_q_prologue_transpose"),
+    ("hybrid", "varlen_bwd_q_prologue"),
     ("fused", "varlen_fwd"),
 ]
 

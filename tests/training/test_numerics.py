@@ -167,18 +167,23 @@ EPILOGUE_PIPELINE = (
 )
 
 
-@pytest.mark.parametrize(("strategy", "rope"), [("hybrid", {}), ("separate", {"style": "interleaved", "rotary_dim": 16})],
-                         ids=["hybrid-half", "separate-interleaved16"])
-def test_rotate_in_epilogue_gradients(strategy: str, rope: dict[str, object]) -> None:
+@pytest.mark.parametrize(("strategy", "rope", "in_epilogue"), [
+    ("hybrid", {}, True),
+    ("separate", {"style": "interleaved"}, True),
+    ("separate", {"style": "interleaved", "rotary_dim": 16}, False),
+], ids=["hybrid-half", "separate-interleaved", "separate-interleaved16"])
+def test_rotate_in_epilogue_gradients(strategy: str, rope: dict[str, object], in_epilogue: bool) -> None:
     """`lower-backward{rotate-in-epilogue=true}`: dq and dk rotated back in the dQ and
-    dK/dV epilogues (no transpose kernels) against the float64 reference, f32 and f16,
-    with unequal lengths (partial tiles) and GQA."""
+    dK/dV epilogues (no transpose kernels; the full-width gradient split into the rope's
+    halves there) against the float64 reference, f32 and f16, with unequal lengths
+    (partial tiles) and GQA. A partial rotary dim keeps the transpose pre-kernels."""
     from attnfuse.testing import assert_grad_close
 
     for dtype in ("f32", "f16"):
         p = Builder(hq=4, hkv=2, d=32, dtype=dtype).rope(**rope).mask("causal", align="bottom_right").build()
         fn = attnfuse.compile(p.text, pipeline=EPILOGUE_PIPELINE.format(strategy))
-        assert "prologue_transpose" not in fn.triton_source
+        assert ("prologue_transpose" not in fn.triton_source) == in_epilogue
+        assert ("split_a" in fn.triton_source) == in_epilogue
         args = p.inputs(2, 37, 45, seed=5)
         leaves = [a.detach().clone().requires_grad_(True) for a in args]
         out = fn(*leaves)

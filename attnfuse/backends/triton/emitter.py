@@ -686,9 +686,11 @@ def _load(e: TritonEmitter, op: tile.LoadOp) -> None:
 
 @_emits(tile.StoreOp, tile.AtomicAddOp)
 def _store(e: TritonEmitter, op: tile.StoreOp | tile.AtomicAddOp) -> None:
-    fn = "tl.store" if isinstance(op, tile.StoreOp) else "tl.atomic_add"
     address = f"{e.expr(op.ptr)} + {e.expr(op.offsets)}"
-    e.line(f"{fn}({address}, {e.expr(op.value)}{_masked(e, op.mask)})")
+    if isinstance(op, tile.StoreOp):
+        e.line(f"tl.store({address}, {e.expr(op.value)}{_masked(e, op.mask)})")
+    else:
+        e.line(f"tl.atomic_add({address}, {e.expr(op.value)}{_masked(e, op.mask)}, sem=\"relaxed\")")
 
 
 @_emits(tile.DotOp)

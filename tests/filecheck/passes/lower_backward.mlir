@@ -3,8 +3,8 @@
 // hybrid/separate the recomputed pre-kernels and their transposes).
 // --verify-diagnostics: the last chunk's error must match its expected-error annotation.
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 transforms-in-kernel=true}' | filecheck %s --check-prefix=FUSED
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=HYBRID
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16}' | filecheck %s --check-prefix=SEPARATE
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false}' | filecheck %s --check-prefix=HYBRID
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false}' | filecheck %s --check-prefix=SEPARATE
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=true}' | filecheck %s --check-prefix=EPILOGUE
 // RUN: not attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,lower-backward' 2>&1 | filecheck %s --check-prefix=PREREQ
 // PREREQ: pass 'lower-backward' requires 'mask-tiling' to run earlier in the pipeline
@@ -68,7 +68,8 @@
 // from one f32 table built per call.
 
 // rotate-in-epilogue=true: Q and K carry only RoPE, so dQ and dK/dV rotate their
-// gradients back in the epilogue (cos/sin from the same f32 table as the pre-kernels) and
+// gradients back in the epilogue (the full-width gradient split into the two halves by a
+// reshape; cos/sin from the same f32 table as the pre-kernels) and
 // write dq / dk in the input dtype; no transpose kernels, no f32 buffers.
 // EPILOGUE-LABEL: func.func @llama_backward(
 // EPILOGUE:         host.launch @llama_bwd_q_prologue[{{.*}}] (%q, %q_transformed, %rope_table, %batch, %q_len)
@@ -79,6 +80,7 @@
 // EPILOGUE-NEXT:    func.return %d_q, %d_k, %d_v
 // EPILOGUE-NOT:   prologue_transpose
 // EPILOGUE:       tile.kernel @llama_bwd_dq(
+// EPILOGUE:         tile.reshape %{{.*}} : tensor<16x64xf32> -> tensor<16x2x32xf32>
 // EPILOGUE:         %d_a{{.*}} = arith.addf
 // EPILOGUE:         %d_b{{.*}} = arith.subf
 // EPILOGUE:         tile.store %dQ_base

@@ -1,7 +1,7 @@
 // lower-backward on a packed batch: the dQ kernel walks (sequence, q block) slots, the
 // dK/dV kernel (sequence, KV block) slots, the recomputed pre-kernels and their transposes
 // (sequence, 64-row block) slots; the preprocess is per token and stays as it is.
-// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=64 block-n=32},lower-backward{block-m=32 block-n=32},lower-to-tile' | filecheck %s
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=64 block-n=32},lower-backward{block-m=32 block-n=32 rotate-in-epilogue=false},lower-to-tile' | filecheck %s
 
 // CHECK-LABEL: func.func @packed_backward(%q: tensor<1x4x?x64xf16>, %k: tensor<1x2x?x64xf16>, %v: tensor<1x2x?x64xf16>, %cu_q: tensor<?xi32>, %cu_k: tensor<?xi32>, %out: tensor<1x4x?x64xf16>, %lse: tensor<1x4x?xf32>, %d_out: tensor<1x4x?x64xf16>, %d_lse: tensor<1x4x?xf32>)
 // CHECK-SAME:      attributes {attnfuse.grad_of = [0 : i64, 1 : i64, 2 : i64]}
