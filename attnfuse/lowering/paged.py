@@ -71,15 +71,32 @@ class PageView:
 
     def rows(self, b: TileBuilder, cols: SSAValue, col_ok: SSAValue | None) -> tuple[SSAValue, SSAValue]:
         """(K row offsets, V row offsets) of keys `cols` ([BN] i32; `col_ok` None: all
-        in bounds), i64 element offsets from `pool_base`."""
-        assert self.table_row is not None and self.pages.value is not None
-        size = self.paged.page_size
-        slot = b.div(cols, size, name="page_slot")
-        at = b.mul(slot, self.table.strides[1])
-        page = b.load(self.table_row, at, name="page") if col_ok is None else \
-            b.load(self.table_row, at, mask=col_ok, other=0, name="page")
+        in bounds) to read, i64 element offsets from `pool_base`; page numbers clamped
+        into the pool."""
+        assert self.pages.value is not None
+        page = self._page(b, cols, col_ok)
         page = b.minimum(b.maximum(page, 0), b.sub(self.pages.value, 1), name="page_in_pool")
-        within = b.to_i64(b.rem(cols, size, name="page_row"))
+        return self._offsets(b, page, cols)
+
+    def rows_to_write(self, b: TileBuilder, keys: SSAValue, ok: SSAValue) -> tuple[SSAValue, SSAValue, SSAValue]:
+        """(K row offsets, V row offsets, mask) of keys `keys` to write where `ok`: the
+        mask drops rows whose page is outside the pool."""
+        assert self.pages.value is not None
+        page = self._page(b, keys, ok)
+        in_pool = b.and_(ok, b.and_(b.ge(page, 0), b.lt(page, self.pages.value)), name="in_pool")
+        k_rows, v_rows = self._offsets(b, page, keys)
+        return k_rows, v_rows, in_pool
+
+    def _page(self, b: TileBuilder, keys: SSAValue, ok: SSAValue | None) -> SSAValue:
+        """`block_table[b, keys / page_size]` (0 where not `ok`)."""
+        assert self.table_row is not None
+        at = b.mul(b.div(keys, self.paged.page_size, name="page_slot"), self.table.strides[1])
+        if ok is None:
+            return b.load(self.table_row, at, name="page")
+        return b.load(self.table_row, at, mask=ok, other=0, name="page")
+
+    def _offsets(self, b: TileBuilder, page: SSAValue, keys: SSAValue) -> tuple[SSAValue, SSAValue]:
+        within = b.to_i64(b.rem(keys, self.paged.page_size, name="page_row"))
         page64 = b.to_i64(page)
         k_rows, v_rows = (b.add(b.mul(page64, b.to_i64(arg.strides[0])), b.mul(within, b.to_i64(arg.strides[2])),
                                 name=f"{arg.name}_rows") for arg in (self.k, self.v))

@@ -263,11 +263,12 @@ def load_parts(
 
 def store_parts(
     b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue,
-    layout: tuple[Part, ...], parts: dict[str, SSAValue],
+    layout: tuple[Part, ...], parts: dict[str, SSAValue], *, row_offsets: SSAValue | None = None,
 ) -> None:
-    """Store parts (cast to the tensor's element type) into rows of a [.., S, D] tensor."""
+    """Store parts (cast to the tensor's element type) into rows of a [.., S, D] tensor;
+    `row_offsets` ([R]) replaces `rows * stride` (rows of the pages of a paged KV cache)."""
     assert isinstance(arg.host.type, TensorType)
-    row_offs = b.expand_dims(b.mul(rows, arg.strides[2]), 1)
+    row_offs = b.expand_dims(b.mul(rows, arg.strides[2]) if row_offsets is None else row_offsets, 1)
     row_ok = b.expand_dims(row_mask, 1)
     for part in layout:
         cols, in_range = part.columns(b)
