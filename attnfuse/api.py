@@ -193,14 +193,15 @@ class AttentionFunction:
         """Whether every call of a paged program checks its block table and kv_lens
         values (lengths within the block table, pages within the pool): a copy to the
         host, so a synchronisation and no CUDA-graph capture. Off by default; shapes
-        and dtypes are always checked."""
-        return self._checker.check_pages
+        and dtypes are always checked. Shared by the live compilations of one program
+        (they share their runner)."""
+        return self._runner.checker.check_pages
 
     @check_page_values.setter
     def check_page_values(self, on: bool) -> None:
-        if on and self._checker.pages is None:
+        if on and self._runner.checker.pages is None:
             raise ValueError(f"@{self.name} reads no paged KV cache (attn.scores has no block_table)")
-        self._checker.check_pages = on
+        self._runner.checker.check_pages = on
 
     # ------------------------------------------------------------------ calling
 

@@ -31,7 +31,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, bf16, f16, f32
 from xdsl.ir import Attribute
-from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.dialects.attn import RopeOp
@@ -174,8 +174,9 @@ def _rope_op(options: str, k_cache: torch.Tensor) -> RopeOp:
     text = f"func.func @rope(%k: {ty}) -> {ty} {{\n  %r = attn.rope %k {options} : {ty}\n  func.return %r : {ty}\n}}"
     try:
         module = parse_program(text, "<append_paged_kv rope>")
-    except (DiagnosticException, ValueError) as err:
-        raise ValueError(f"append_paged_kv: bad rope options {options}: {err}") from None
+    except (DiagnosticException, ParseError, ValueError) as err:
+        reason = str(err).strip().splitlines()[-1].strip()
+        raise ValueError(f"append_paged_kv: bad rope options {options}: {reason}") from None
     return next(op for op in module.walk() if isinstance(op, RopeOp))
 
 
