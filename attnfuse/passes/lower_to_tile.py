@@ -188,8 +188,6 @@ class LowerToTilePass(ModulePass):
         q, k, v = args[program.q.arg_index], args[program.k.arg_index], args[program.v_arg]
         batch = host.emit(DimOp(q, 0), "batch")
         q_len = host.emit(DimOp(q, 2), "q_len")
-        one = host.const(1, "one")
-        kernels: list[Operation] = []
         paging = paged_cache(program)
         paged: PagedKV | None = None
         if paging is None:
@@ -199,6 +197,8 @@ class LowerToTilePass(ModulePass):
             kv_len = host.mul(host.emit(DimOp(table, 1), "max_pages"), paging.page_size, "kv_len")
             paged = PagedKV(table, args[program.arg(paging.kv_lens)], host.emit(DimOp(k, 0), "num_pages"),
                             paging.page_size)
+        one = host.const(1, "one")
+        kernels: list[Operation] = []
         packing = packed_batch(program)
         packed = PackedHost(host, fname, args[program.arg(packing.cu_q)], args[program.arg(packing.cu_k)],
                             q_len, kv_len) if packing is not None else None
