@@ -122,7 +122,8 @@ def _check_shapes(k_cache: Any, v_cache: Any, block_table: Any, kv_lens: Any, k:
     for name, tensor, dtype in (("block_table", block_table, torch.int32), ("kv_lens", kv_lens, torch.int32),
                                 ("k", k, k_cache.dtype), ("v", v, v_cache.dtype), ("v_cache", v_cache, v_cache.dtype)):
         if tensor.dtype != dtype:
-            raise AttnfuseArgumentError(f"append_paged_kv: argument '{name}': expected dtype {dtype}, got {tensor.dtype}")
+            raise AttnfuseArgumentError(
+                f"append_paged_kv: argument '{name}': expected dtype {dtype}, got {tensor.dtype}")
         if tensor.device != k_cache.device:
             raise AttnfuseArgumentError(f"append_paged_kv: argument '{name}': on {tensor.device}, but k_cache "
                                         f"is on {k_cache.device}")

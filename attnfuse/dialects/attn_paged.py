@@ -42,7 +42,8 @@ def verify_page_pool(pool: Attribute, what: str) -> int:
     pages, _, page_size, _ = pool.get_shape()
     if pages != DYNAMIC:
         raise VerifyException(
-            f"{what} page pool has a dynamic page count ([?, heads, page_size, head_dim]), got {format_dims(pool.get_shape())}")
+            f"{what} page pool has a dynamic page count ([?, heads, page_size, head_dim]), "
+            f"got {format_dims(pool.get_shape())}")
     if page_size == DYNAMIC:
         raise VerifyException(f"{what} page pool needs a static page size (dim 2), got {format_dims(pool.get_shape())}")
     return page_size
