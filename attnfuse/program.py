@@ -201,7 +201,8 @@ def analyze(function: func.FuncOp) -> AttentionProgram:
 
 def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...]]:
     """The expected shape of each tensor argument, with `B`, `Sq`, `Skv` for dims that
-    must equal q's batch, q's length or k's length (`1` stays a broadcast dim).
+    must equal q's batch, q's length or k's length (`1` stays a broadcast dim); with a
+    paged KV cache `pages` (k's page count) and `max_pages` (the block table's width).
 
     Lets a caller check the dynamic dims of extra operands (position ids, document ids,
     bias tensors, prefix lengths) before a kernel reads them out of bounds.
@@ -217,9 +218,15 @@ def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...
 
     shapes: dict[int, tuple[str | int, ...]] = {}
     fn_args = program.func.args
+    scores = program.scores
+    paged = scores.block_table is not None and scores.kv_lens is not None
     for index, seq in ((program.q.arg_index, "Sq"), (program.k.arg_index, "Skv"), (program.v_arg, "Skv")):
         shape = dims(fn_args[index])
-        shapes[index] = resolve(shape, ("B", shape[1], seq, shape[3]))
+        pool = paged and index != program.q.arg_index  # [pages, heads, page_size, head_dim]
+        shapes[index] = resolve(shape, ("pages" if pool else "B", shape[1], seq, shape[3]))
+    for table, symbols in ((scores.block_table, ("B", "max_pages")), (scores.kv_lens, ("B",))):
+        if paged and isinstance(table, BlockArgument):
+            shapes[table.index] = symbols
     head_dim = dims(fn_args[program.q.arg_index])[3]
     heads = dims(fn_args[program.q.arg_index])[1]
     for side, seq in ((program.q, "Sq"), (program.k, "Skv")):

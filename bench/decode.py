@@ -10,10 +10,14 @@ flex_attention (`bench/baselines.py`), the max difference to SDPA, and ratios. S
 timed as `causal_lower_right` with K/V repeated to the query heads (its causal-bias path
 takes no `enable_gqa`) and, for Sq > 1, also with an explicit lower-right boolean mask
 and `enable_gqa=True`; `vs_sdpa` compares with the faster of the two (no mask for
-Sq = 1). JSON and a markdown table under --out:
+Sq = 1). With `--page-size P` (default 16; 0 skips them) each row also times the same
+attention on a paged KV cache (`PAGED_PROGRAM`: the same K/V scattered over shuffled
+pages of a pool, read through a block table; docs/inference.md) and reports
+`paged_vs_contiguous` (contiguous ms / paged ms; the target is >= 0.95). JSON and a
+markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
-                           [--pipeline P] [--no-baseline-pipeline]
+                           [--pipeline P] [--no-baseline-pipeline] [--page-size 16]
 """
 
 from __future__ import annotations
@@ -42,6 +46,42 @@ func.func @decode(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
   func.return %o : tensor<?x32x?x128xbf16>
 }
 """
+
+
+PAGED_PROGRAM = """
+func.func @paged(%q: tensor<?x32x?x128xbf16>, %k_cache: tensor<?x8x${page}x128xbf16>,
+                 %v_cache: tensor<?x8x${page}x128xbf16>, %block_table: tensor<?x?xi32>,
+                 %kv_lens: tensor<?xi32>) -> tensor<?x32x?x128xbf16> {
+  %s = attn.scores %q, %k_cache block_table %block_table kv_lens %kv_lens : tensor<?x32x?x128xbf16>, tensor<?x8x${page}x128xbf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x32x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x32x?x?xf32> -> !attn.probs<?x32x?x?xf32>
+  %o = attn.weighted_sum %p, %v_cache : !attn.probs<?x32x?x?xf32>, tensor<?x8x${page}x128xbf16> -> tensor<?x32x?x128xbf16>
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+"""
+"""`PROGRAM` on a paged KV cache; `${page}` is the page size (`attnfuse.compile(..., params=...)`)."""
+
+
+def page_cache(k: torch.Tensor, v: torch.Tensor, page: int,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k_cache, v_cache, block_table, kv_lens): `k` and `v` ([B, H, S, D]) scattered over
+    the pages of a pool in a random order (sequence b's pages neither contiguous nor
+    sorted), as a serving engine's allocator leaves them after a while."""
+    batch, heads, length, dim = k.shape
+    per_seq = -(-length // page)
+    order = torch.randperm(batch * per_seq, generator=generator, device=generator.device).to(k.device)
+    table = order.view(batch, per_seq).to(torch.int32)
+    pools = []
+    for x in (k, v):
+        padded = torch.zeros(batch, heads, per_seq * page, x.shape[3], dtype=x.dtype, device=x.device)
+        padded[:, :, :length] = x
+        pages = padded.view(batch, heads, per_seq, page, x.shape[3]).permute(0, 2, 1, 3, 4).reshape(
+            batch * per_seq, heads, page, x.shape[3])
+        pool = torch.empty_like(pages)
+        pool[order] = pages
+        pools.append(pool)
+    lens = torch.full((batch,), length, dtype=torch.int32, device=k.device)
+    return pools[0], pools[1], table, lens
 
 
 def sdpa_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -87,9 +127,10 @@ def _ms(fn: Callable[[], Any]) -> float:
 
 
 def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str,
-        baseline_pipeline: str | None) -> list[dict[str, Any]]:
+        baseline_pipeline: str | None, page_size: int = 0) -> list[dict[str, Any]]:
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
+    paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
     program = analyze(find_functions(reference.parse_program(PROGRAM))[0])
     rows: list[dict[str, Any]] = []
     for b in batches:
@@ -105,6 +146,9 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     impls = {"attnfuse": lambda: fn(q, k, v), "sdpa": lambda: sdpa_lower_right(q, k, v)}
                     if unsplit is not None:
                         impls["attnfuse_no_split"] = lambda: unsplit(q, k, v)
+                    if paged is not None:
+                        cache = page_cache(k, v, page_size, gen)
+                        impls["attnfuse_paged"] = lambda: paged(q, *cache)
                     if sq > 1:
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
@@ -117,6 +161,9 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         except Exception as exc:  # reported, never hidden
                             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     row["attnfuse_kernels"] = launched(fn, [q, k, v])
+                    if paged is not None:
+                        row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
+                        del cache
                 row["splits"] = row["attnfuse_kernels"].get("decode_split_kv", 0)
                 sdpa = [row[k] for k in ("sdpa_ms", "sdpa_gqa_mask_ms") if k in row]
                 if sdpa:
@@ -124,6 +171,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                 for other, key in (("sdpa", "sdpa_best_ms"), ("flex", "flex_ms"), ("no_split", "attnfuse_no_split_ms")):
                     if key in row and "attnfuse_ms" in row:
                         row[f"vs_{other}"] = row[key] / row["attnfuse_ms"]
+                if "attnfuse_paged_ms" in row and "attnfuse_ms" in row:
+                    row["paged_vs_contiguous"] = row["attnfuse_ms"] / row["attnfuse_paged_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del q, k, v, want
@@ -132,11 +181,13 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    lines = ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | SDPA ms (best) | flex ms | vs SDPA | vs flex "
-             "| vs no split-kv |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
+             "| vs flex | vs no split-kv | paged vs contiguous |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cell = [f"{r[k]:.4f}" if k in r else "err" for k in ("attnfuse_ms", "attnfuse_no_split_ms", "sdpa_best_ms", "flex_ms")]
-        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_sdpa", "vs_flex", "vs_no_split")]
+        cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+                ("attnfuse_ms", "attnfuse_no_split_ms", "attnfuse_paged_ms", "sdpa_best_ms", "flex_ms")]
+        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_sdpa", "vs_flex", "vs_no_split", "paged_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {r.get('splits', '')} | {' | '.join(cell)} "
                      f"| {' | '.join(ratio)} |")
     return "\n".join(lines) + "\n"
@@ -151,13 +202,16 @@ def main() -> None:
     parser.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="AttnFuse's pipeline (default: the default one)")
     parser.add_argument("--no-baseline-pipeline", action="store_true",
                         help="skip timing the default pipeline without split-kv")
+    parser.add_argument("--page-size", type=int, default=16,
+                        help="page size of the paged KV cache rows (0: no paged rows)")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     baseline = None if args.no_baseline_pipeline else DEFAULT_PIPELINE.replace("split-kv,", "")
-    rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline)
+    rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "rows": rows}, indent=1))
+        {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "page_size": args.page_size,
+         "rows": rows}, indent=1))
     (args.out / "decode.md").write_text(summary(rows))
     print(summary(rows))
 

@@ -77,6 +77,27 @@ def test_decode_bench_program_and_baselines(q_len: int) -> None:
     assert "decode_split_kv" in launched(fn, [q, k, v])
 
 
+@pytest.mark.parametrize("page", [16, 5])
+def test_decode_bench_paged_rows(page: int) -> None:
+    """bench/decode.py's paged rows: `page_cache` scatters K/V over shuffled pages, and the
+    paged program (split-KV kernels) on them gives the contiguous program's attention."""
+    import attnfuse
+    from decode import PAGED_PROGRAM, PROGRAM, launched, page_cache
+
+    text = with_dtype(PAGED_PROGRAM.replace("${page}", str(page)), "f32")
+    g = torch.Generator().manual_seed(page)
+    q = torch.randn(2, 32, 1, 128, generator=g)
+    k, v = (torch.randn(2, 8, 37, 128, generator=g) for _ in range(2))
+    cache = page_cache(k, v, page, g)
+    assert sorted(cache[2].flatten().tolist()) == list(range(cache[0].shape[0]))  # every page used once
+    assert not torch.equal(cache[2].flatten().sort().values, cache[2].flatten())  # shuffled
+    want = reference.run(with_dtype(PROGRAM, "f32"), q, k, v)
+    assert float((reference.run(text, q, *cache) - want).abs().max()) < 1e-12
+    fn = attnfuse.compile(text)
+    assert float((fn(q, *cache).double() - want).abs().max()) < 1e-4
+    assert "paged_split_kv" in launched(fn, [q, *cache])
+
+
 def test_flex_baseline_packed_cross() -> None:
     """A packed batch with more keys than queries per sequence: flex's document masking
     with positions within each sequence, bottom-right bands and ALiBi distances."""

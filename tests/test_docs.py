@@ -83,12 +83,17 @@ def _argument(
 
     Dynamic dims are `batch` in front of rank >= 2 tensors and for `[B]` prefix lengths
     (named `prefix...`), `seq` otherwise; cu_seqlens (named `cu_seqlens...`) cut `seq`
-    tokens into three sequences.
+    tokens into three sequences; a paged cache's `kv_lens` are `seq` keys per sequence
+    and its `block_table` names pages of a pool of `batch` pages.
     """
     if isinstance(ty, IntegerType):
         return 1234
     if name.startswith("cu_seqlens"):
         return torch.tensor([0, 1, seq // 2, seq], dtype=torch.int32)
+    if name == "kv_lens":
+        return torch.full((batch,), seq, dtype=torch.int32)
+    if name == "block_table":
+        return torch.randint(0, batch, (batch, seq), generator=rng, dtype=torch.int32)
     if isinstance(ty, (ScoresType, ProbsType)):
         shape = [
             batch if i == 0 else (seq if d == DYNAMIC else d)

@@ -14,6 +14,7 @@ from xdsl.dialects.builtin import TensorType, f32
 
 from attnfuse.analysis.masks import effective_masks, plan_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.paging import paged_cache
 from attnfuse.dialects.attn import TilePlanAttr
 from attnfuse.program import AttentionProgram
 
@@ -68,7 +69,8 @@ def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> 
     """The plan of `program` with tiles of `block_m` x `block_n` (0: `default_block_sizes`).
 
     A packed batch has no runtime block map: its kernels never leave a sequence, and a
-    data-dependent mask is evaluated on every tile of it."""
+    data-dependent mask is evaluated on every tile of it; nor has a paged KV cache (the
+    map kernel would read K contiguously)."""
     plan = plan_masks(effective_masks(program.score_ops))
     band = plan.band
     default_m, default_n = default_block_sizes(program)
@@ -80,7 +82,7 @@ def tile_plan(program: AttentionProgram, block_m: int = 0, block_n: int = 0) -> 
         align="top_left" if band is None else band.align,
         exact=plan.exact,
         prefix=plan.prefix,
-        runtime_block_map=plan.runtime_map and packed_batch(program) is None,
+        runtime_block_map=plan.runtime_map and packed_batch(program) is None and paged_cache(program) is None,
     )
 
 

@@ -53,6 +53,7 @@ from xdsl.traits import HasParent, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_online import OnlineSoftmaxOp, TilePlanAttr
+from attnfuse.dialects.attn_paged import verify_paged_operands
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp
 from attnfuse.dialects.attn_types import (
@@ -268,9 +269,14 @@ class ScoresOp(AttnSyntaxOp):
     per sequence (the result's batch dim counts sequences). The program then runs on
     every sequence alone: Q/K transforms and score ops see indices within the sequence.
 
+    With `block_table` and `kv_lens` K (and V) are *paged*: page pools
+    `[?, Hkv, page_size, D]`, and sequence `b` has `kv_lens[b]` keys, key `j` in page
+    `block_table[b, j / page_size]` (`attnfuse.dialects.attn_paged`).
+
     ```mlir
     %s = attn.scores %q, %k {scale = 0.0625} : tensor<?x16x?x256xbf16>, tensor<?x8x?x256xbf16> -> !attn.scores<?x16x?x?xf32>
     %p = attn.scores %q1, %k1 cu_seqlens_q %cq cu_seqlens_k %ck : tensor<1x32x?x128xbf16>, tensor<1x8x?x128xbf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
+    %c = attn.scores %q2, %pool block_table %bt kv_lens %lens : tensor<?x32x?x128xbf16>, tensor<?x8x16x128xbf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
     ```
     """
 
@@ -279,13 +285,15 @@ class ScoresOp(AttnSyntaxOp):
     k = operand_def(TensorType)
     cu_seqlens_q = opt_operand_def(TensorType)
     cu_seqlens_k = opt_operand_def(TensorType)
+    block_table = opt_operand_def(TensorType)
+    kv_lens = opt_operand_def(TensorType)
     output = result_def(ScoresType)
     scale = opt_prop_def(FloatAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(Pure())
 
     POSITIONAL: ClassVar[tuple[str, ...]] = ("q", "k")
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("cu_seqlens_q", "cu_seqlens_k")
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("cu_seqlens_q", "cu_seqlens_k", "block_table", "kv_lens")
     EXPLICIT_RESULTS: ClassVar[bool] = True
     OPTIONS: ClassVar[tuple[Option, ...]] = (Option("scale", float, None, doc="default 1/sqrt(head_dim)"),)
 
@@ -307,15 +315,24 @@ class ScoresOp(AttnSyntaxOp):
             raise VerifyException(
                 f"attn.scores: query heads ({hq}) must be a multiple of key heads ({hk})"
             )
-        if not dims_compatible(bq, bk):
+        paged = self.block_table is not None or self.kv_lens is not None
+        if not paged and not dims_compatible(bq, bk):
             raise VerifyException(f"attn.scores: batch dims differ ({bq} vs {bk})")
         assert isinstance(self.output.type, ScoresType)
-        expect = (bq, hq, sq, sk)
+        expect = (bq, hq, sq, DYNAMIC if paged else sk)
         for got, want, what in zip(self.output.type.dims, expect, ("batch", "heads", "q_len", "kv_len")):
             if not dims_compatible(got, want):
                 raise VerifyException(f"attn.scores: result {what} dim {got} != {want}")
         if self.option("scale") is not None and self.float_option("scale") <= 0:
             raise VerifyException("attn.scores: scale must be positive")
+        if paged:
+            if self.block_table is None or self.kv_lens is None:
+                raise VerifyException("attn.scores: a paged KV cache needs both block_table and kv_lens")
+            if self.cu_seqlens_q is not None or self.cu_seqlens_k is not None:
+                raise VerifyException("attn.scores: a paged KV cache (block_table) and a packed batch "
+                                      "(cu_seqlens) do not combine")
+            verify_paged_operands(self.q.type, self.k.type, self.block_table.type, self.kv_lens.type,
+                                  self.output.type.dims[3])
         if (self.cu_seqlens_q is None) != (self.cu_seqlens_k is None):
             raise VerifyException("attn.scores: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
         if self.cu_seqlens_q is not None and self.cu_seqlens_k is not None:

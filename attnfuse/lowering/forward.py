@@ -22,6 +22,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
+from attnfuse.lowering.paged import PagedKV, PageView
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
@@ -84,6 +85,8 @@ class ForwardSpec:
     """`precision` of the dots of f32 tiles (`tile.dot`): ieee, tf32x3 or tf32."""
     packed: PackedRows | None = None
     """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
+    paged: PagedKV | None = None
+    """A paged KV cache: K/V tiles are gathered through its block table (`paged.py`)."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -150,6 +153,7 @@ class ForwardKernel:
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
         self.view = SequenceView(sig, spec.packed) if spec.packed is not None else None
+        self.pages = PageView(sig, spec.paged, self.k_arg, self.v_arg) if spec.paged is not None else None
 
     # ------------------------------------------------------------------ build
 
@@ -165,8 +169,7 @@ class ForwardKernel:
         q_base = self.q_arg.base(b, batch, head)
         dtype = self._dtype(spec.q)
         self._q_parts(q_base, rows, row_ok, batch, dtype)
-        self.k_base = self.k_arg.base(b, batch, kv_head)
-        self.v_base = self.v_arg.base(b, batch, v_head)
+        self._kv_bases(batch, kv_head, v_head)
         self.seed_bh: SSAValue | None = None
         if self.seed_arg is not None:
             assert self.seed_arg.value is not None
@@ -229,6 +232,7 @@ class ForwardKernel:
             pid_m = q_block = b.sub(b.sub(b.num_programs(0), 1), pid_m, name="pid_m")
         pid_bh = b.program_id(1, name="pid_bh")
         batch = sequence if sequence is not None else b.div(pid_bh, self.hq, name="batch")
+        kv_len = self._kv_length(batch, kv_len)
         head = b.rem(pid_bh, self.hq, name="head")
         kv_head = b.div(head, self.hq // self.hk, name="kv_head")
         v_head = b.div(head, self.hq // self.hv, name="v_head")
@@ -237,6 +241,21 @@ class ForwardKernel:
         row_ok = b.lt(rows, q_len, name="row_ok")
         self.coords = (batch, head, rows, q_len, kv_len)
         return pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok
+
+    def _kv_length(self, batch: SSAValue, kv_len: SSAValue) -> SSAValue:
+        """The keys of sequence `batch`: `kv_len`, or its `kv_lens` entry in a paged cache."""
+        return kv_len if self.pages is None else self.pages.enter(self.b, batch, kv_len)
+
+    def _kv_bases(self, batch: SSAValue, kv_head: SSAValue, v_head: SSAValue) -> None:
+        """Where K and V tiles are read from: the (batch, head) slices, or the heads of
+        the page pools."""
+        b = self.b
+        if self.pages is None:
+            self.k_base = self.k_arg.base(b, batch, kv_head)
+            self.v_base = self.v_arg.base(b, batch, v_head)
+        else:
+            self.k_base = self.pages.pool_base(b, self.k_arg, kv_head)
+            self.v_base = self.pages.pool_base(b, self.v_arg, v_head)
 
     def _q_parts(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue, batch: SSAValue, dtype: Attribute) -> None:
         """Load Q as the column parts of the layout, transforming them in fp32."""
@@ -323,7 +342,10 @@ class ForwardKernel:
 
         # Full tiles lie inside [0, Skv): their loads need no bounds mask.
         load_mask = None if full_tile else col_ok
-        k_parts = load_parts(b, self.k_arg, self.k_base, cols, load_mask, self.layout)
+        k_rows = v_rows = None
+        if self.pages is not None:
+            k_rows, v_rows = self.pages.rows(b, cols, load_mask)
+        k_parts = load_parts(b, self.k_arg, self.k_base, cols, load_mask, self.layout, row_offsets=k_rows)
         dtype = self._dtype(spec.k)
         if spec.k_transforms:
             k32 = {r: b.cast(t, f32) for r, t in k_parts.items()}
@@ -356,7 +378,7 @@ class ForwardKernel:
             counters = b.add(b.expand_dims(b.mul(rows, kv_len), 1), b.expand_dims(cols, 0))
             u = b.rand(self.seed_bh, counters, name="u")
             p = b.where(b.ge(u, drop), b.mul(p, 1.0 / (1.0 - drop)), 0.0, name="p_dropped")
-        v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile)
+        v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile, v_rows)
         acc = b.mul(acc, b.expand_dims(alpha, 1))
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]
@@ -408,11 +430,13 @@ def walk_block_map(b: TileBuilder, map_args: list[TensorArg], per_head: bool, he
 
 
 def load_rows(b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_ok: SSAValue,
-              width: int, full_tile: bool) -> SSAValue:
+              width: int, full_tile: bool, row_offsets: SSAValue | None = None) -> SSAValue:
     """Rows `rows` of a [.., S, width] tensor as one [R, pow2(width)] tile; a full tile of
-    power-of-two width loads without a mask."""
+    power-of-two width loads without a mask. `row_offsets` ([R]) replaces `rows * stride`
+    (rows gathered from the pages of a paged KV cache)."""
     d = b.arange(0, padded(width))
-    offs = b.add(b.expand_dims(b.mul(rows, arg.strides[2]), 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
+    row_offs = b.mul(rows, arg.strides[2]) if row_offsets is None else row_offsets
+    offs = b.add(b.expand_dims(row_offs, 1), b.expand_dims(b.mul(d, arg.strides[3]), 0))
     if full_tile and width == padded(width):
         return b.load(base, offs, name="v")
     mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, width), 0))

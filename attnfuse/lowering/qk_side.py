@@ -260,15 +260,16 @@ def _yarn_attention_factor(op: RopeOp) -> float:
 
 def load_parts(
     b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue | None,
-    layout: tuple[Part, ...], *, row_dim: int = 2, col_dim: int = 3,
+    layout: tuple[Part, ...], *, row_dim: int = 2, col_dim: int = 3, row_offsets: SSAValue | None = None,
 ) -> dict[str, SSAValue]:
     """Load rows `rows` of a [.., S, D] tensor as the parts of `layout`.
 
     `row_mask = None` means every row is in bounds (a full tile): parts whose width is a
-    power of two then load without any mask.
+    power of two then load without any mask. `row_offsets` ([R]) replaces
+    `rows * stride` (rows gathered from the pages of a paged KV cache).
     """
     out: dict[str, SSAValue] = {}
-    row_offs = b.expand_dims(b.mul(rows, arg.strides[row_dim]), 1)
+    row_offs = b.expand_dims(b.mul(rows, arg.strides[row_dim]) if row_offsets is None else row_offsets, 1)
     for part in layout:
         cols, in_range = part.columns(b)
         offs = b.add(row_offs, b.expand_dims(b.mul(cols, arg.strides[col_dim]), 0))
@@ -285,11 +286,12 @@ def load_parts(
 
 def store_parts(
     b: TileBuilder, arg: TensorArg, base: SSAValue, rows: SSAValue, row_mask: SSAValue,
-    layout: tuple[Part, ...], parts: dict[str, SSAValue],
+    layout: tuple[Part, ...], parts: dict[str, SSAValue], *, row_offsets: SSAValue | None = None,
 ) -> None:
-    """Store parts (cast to the tensor's element type) into rows of a [.., S, D] tensor."""
+    """Store parts (cast to the tensor's element type) into rows of a [.., S, D] tensor;
+    `row_offsets` ([R]) replaces `rows * stride` (rows of the pages of a paged KV cache)."""
     assert isinstance(arg.host.type, TensorType)
-    row_offs = b.expand_dims(b.mul(rows, arg.strides[2]), 1)
+    row_offs = b.expand_dims(b.mul(rows, arg.strides[2]) if row_offsets is None else row_offsets, 1)
     row_ok = b.expand_dims(row_mask, 1)
     for part in layout:
         cols, in_range = part.columns(b)

@@ -100,11 +100,11 @@ class SplitKernel(ForwardKernel):
         rows = b.div(packed, self.group, name="rows")
         head = b.add(b.mul(kv_head, self.group), b.rem(packed, self.group), name="head")
         row_ok = b.lt(rows, q_len, name="row_ok")
+        kv_len = self._kv_length(batch, kv_len)
         self.coords = (batch, b.expand_dims(head, 1), rows, q_len, kv_len)
 
         self._packed_q(batch, head, rows, row_ok)
-        self.k_base = self.k_arg.base(b, batch, kv_head)
-        self.v_base = self.v_arg.base(b, batch, kv_head)
+        self._kv_bases(batch, kv_head, kv_head)
         self.seed_bh = None
         state, sink2 = self._start(split, head)
         ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)

@@ -29,6 +29,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
 from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
@@ -425,6 +426,10 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
+            if paged_cache(program) is not None:
+                # Inference only; asking a paged program for a gradient reports this.
+                function.attributes["attnfuse.no_backward"] = StringAttr(NO_BACKWARD)
+                continue
             default_m, default_n = backward_block_sizes(program)
             block_m, block_n = self.block_m or default_m, self.block_n or default_n
             check_tile_rows(program, block_m, block_n, "lower-backward{block-m block-n}")

@@ -6,6 +6,8 @@ Needs the decisions of the passes before it (`rope-fusion`, `online-softmax`,
 * a pre-kernel per side whose transforms were placed in a `prekernel`,
 * a block-map kernel when the tile plan asks for a runtime block map,
 * the schedule kernels of a packed batch (see `attnfuse.lowering.varlen`),
+* for a paged KV cache, kernels that gather K/V rows through its block table (see
+  `attnfuse.lowering.paged`),
 * the fused forward kernel (see `attnfuse.lowering.forward`),
 * with a `#attn.split_kv` plan (`split-kv`), the split and combine kernels of decoding
   calls (see `attnfuse.lowering.split_kv`), and host code choosing per call,
@@ -48,6 +50,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.tile_plan import default_num_warps
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
@@ -56,6 +59,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.hopper_forward import lower_hopper_forward
+from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
@@ -184,7 +188,15 @@ class LowerToTilePass(ModulePass):
         q, k, v = args[program.q.arg_index], args[program.k.arg_index], args[program.v_arg]
         batch = host.emit(DimOp(q, 0), "batch")
         q_len = host.emit(DimOp(q, 2), "q_len")
-        kv_len = host.emit(DimOp(k, 2), "kv_len")
+        paging = paged_cache(program)
+        paged: PagedKV | None = None
+        if paging is None:
+            kv_len = host.emit(DimOp(k, 2), "kv_len")
+        else:  # the keys a block table row holds: a bound of every sequence's kv_lens
+            table = args[program.arg(paging.block_table)]
+            kv_len = host.mul(host.emit(DimOp(table, 1), "max_pages"), paging.page_size, "kv_len")
+            paged = PagedKV(table, args[program.arg(paging.kv_lens)], host.emit(DimOp(k, 0), "num_pages"),
+                            paging.page_size)
         one = host.const(1, "one")
         kernels: list[Operation] = []
         packing = packed_batch(program)
@@ -244,7 +256,7 @@ class LowerToTilePass(ModulePass):
                 program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
-            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
+            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged,
         )
         hopper = lower_hopper_forward(spec, host, fname, one) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")

@@ -34,6 +34,7 @@ from attnfuse.dialects.attn import (
     WeightedSumOp,
 )
 from attnfuse.reference.packing import Packing, PackingError, Segments, segments, transform_segments
+from attnfuse.reference.paging import Paging, PagingError, paging
 from attnfuse.reference.regions import evaluate_region
 from attnfuse.reference.rope import RopeParams, apply_rope
 from attnfuse.rng import dropout_keep
@@ -58,8 +59,9 @@ class Frame:
 
     def __init__(self) -> None:
         self.values: dict[SSAValue, Value] = {}
-        self.packing: dict[SSAValue, Packing] = {}
-        """Scores and probabilities of a packed batch -> its segments."""
+        self.packing: dict[SSAValue, Packing | Paging] = {}
+        """Scores and probabilities of a packed batch -> its segments (of a paged KV
+        cache -> its pages)."""
         self.segments_of: dict[Operation, SSAValue] = {}
         """Q/K transforms of a packed batch -> the cu_seqlens of their side."""
 
@@ -113,7 +115,7 @@ def interpret(func: FuncOp, args: Sequence[Value]) -> tuple[list[Value], Frame]:
 
 
 def _grid(
-    s: torch.Tensor, packing: Packing | None = None
+    s: torch.Tensor, packing: Packing | Paging | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index tensors b, h, q, kv (int64) shaped to broadcast over `[B, H, Sq, Skv]`; in a
     packed batch b is the sequence and q, kv count within it."""
@@ -139,7 +141,7 @@ def _segments(cu: torch.Tensor, total: int, what: str) -> Segments:
 
 
 def _unpacked(op: Operation, frame: Frame, what: str) -> None:
-    _require(op.operands[0] not in frame.packing, f"{what} indexes a padded batch: not defined on a packed batch")
+    _require(op.operands[0] not in frame.packing, f"{what} indexes a padded batch: not defined on a packed batch or a paged KV cache")
 
 
 def _expand_heads(x: torch.Tensor, heads: int, what: str) -> torch.Tensor:
@@ -200,6 +202,17 @@ def run_qk_norm(op: QKNormOp, frame: Frame) -> tuple[Value, ...]:
 def run_scores(op: ScoresOp, frame: Frame) -> tuple[Value, ...]:
     """`S = q @ k^T * scale`; query head h uses kv head `h // (Hq // Hkv)`."""
     q, k = frame.tensor(op.q), frame.tensor(op.k)
+    if op.block_table is not None and op.kv_lens is not None:  # a paged cache: gather each sequence's keys
+        _require(not isinstance(op.k.owner, (RopeOp, QKNormOp)),
+                 "attn.scores: K transforms are not defined on a paged KV cache (it holds transformed keys)")
+        try:
+            pages = paging(frame.tensor(op.block_table), frame.tensor(op.kv_lens), q.shape[2], k.shape[0], k.shape[2])
+        except PagingError as error:
+            raise ReferenceError(f"attn.scores: {error}") from None
+        _require(q.shape[0] == pages.kv_lens.shape[0],
+                 f"attn.scores: q batch {q.shape[0]} != {pages.kv_lens.shape[0]} rows of block_table / kv_lens")
+        frame.packing[op.output] = pages
+        k = pages.gather(k)
     _require(q.shape[0] == k.shape[0], f"attn.scores: q batch {q.shape[0]} != k batch {k.shape[0]}")
     _require(
         q.shape[3] == k.shape[3], f"attn.scores: q head_dim {q.shape[3]} != k head_dim {k.shape[3]}"
@@ -256,7 +269,7 @@ def run_softcap(op: SoftcapOp, frame: Frame) -> tuple[Value, ...]:
     return (cap * torch.tanh(frame.tensor(op.input) / cap),)
 
 
-def _window_offset(op: MaskOp, s: torch.Tensor, packing: Packing | None) -> int | torch.Tensor:
+def _window_offset(op: MaskOp, s: torch.Tensor, packing: Packing | Paging | None) -> int | torch.Tensor:
     if op.str_option("align") != "bottom_right":
         return 0
     if packing is not None:
@@ -411,6 +424,10 @@ def run_dropout(op: DropoutOp, frame: Frame) -> tuple[Value, ...]:
 def run_weighted_sum(op: WeightedSumOp, frame: Frame) -> tuple[Value, ...]:
     """`O = P @ V` with the GQA head mapping, in float64."""
     probs, v = frame.tensor(op.probs), frame.tensor(op.v)
+    pages = frame.packing.get(op.probs)
+    if isinstance(pages, Paging):
+        _require(v.shape[2] == pages.page_size, f"attn.weighted_sum: v page size {v.shape[2]} != k's {pages.page_size}")
+        v = pages.gather(v)
     _require(
         probs.shape[0] == v.shape[0],
         f"attn.weighted_sum: batch {probs.shape[0]} != v batch {v.shape[0]}",

@@ -7,6 +7,13 @@ call; `ArgumentChecker.segment_values` checks the cu_seqlens of a packed batch o
 call; `check_int32_layout` guards the 32-bit indexing of kernels. Every failure is an
 `AttnfuseArgumentError` naming the argument and what was expected.
 
+A paged KV cache's block table and kv_lens are checked for shapes and dtypes on the
+first call of a shape class, like every argument (no synchronisation); their values
+(`page_values`: lengths within the block table, pages within the pool) only when
+`check_pages` is set, since that reads them back to the host. Without it, the kernels
+clamp lengths and page numbers so that bad values give wrong numbers, never reads
+outside the tensors.
+
 The kernels of a packed batch trust its cu_seqlens: `N + 1` int32 entries rising from 0
 to the token count of their side, with as many sequences for q as for k. Entries that
 break this would send kernels out of bounds, so their values are checked on every call,
@@ -115,7 +122,7 @@ class ArgumentChecker:
 
     def __init__(self, name: str, parameters: Sequence[Parameter], symbolic: dict[int, tuple[str | int, ...]],
                  shared_length: int | None, qkv: tuple[int, int, int],
-                 segments: Sequence[tuple[int, str]] = ()) -> None:
+                 segments: Sequence[tuple[int, str]] = (), pages: tuple[int, int] | None = None) -> None:
         self.name = name
         self.parameters = list(parameters)
         self.symbolic = symbolic
@@ -123,6 +130,10 @@ class ArgumentChecker:
         self.qkv = qkv
         self.segments = [(self.parameters[index], side) for index, side in segments]
         """The cu_seqlens of a packed batch and the length they cut (`Sq` or `Skv`)."""
+        self.pages = pages
+        """(block table, kv_lens) argument indices of a paged KV cache."""
+        self.check_pages = False
+        """Check the block table's and kv_lens' values on every call (`page_values`)."""
         self.scalar_params = [p for p in self.parameters if not isinstance(p.type, TensorType)]
 
     def scalars(self, args: Sequence[Any]) -> Sequence[Any]:
@@ -189,11 +200,38 @@ class ArgumentChecker:
             if _bad_segments(values, sizes[side]):
                 raise AttnfuseArgumentError(_segments_problem(param, values.tolist(), side, sizes[side]))
 
+    def page_values(self, args: Sequence[Any]) -> None:
+        """With `check_pages`: every `kv_lens[b]` in `[0, max_pages * page_size]`, and the
+        pages holding its keys within the pool (one host copy of each tensor)."""
+        if self.pages is None or not self.check_pages:
+            return
+        table_param, lens_param = (self.parameters[i] for i in self.pages)
+        k = args[self.qkv[1]]
+        table, lens = args[table_param.index].cpu().long(), args[lens_param.index].cpu().long()
+        capacity = table.shape[1] * k.shape[2]
+        bad = ((lens < 0) | (lens > capacity)).nonzero()
+        if bad.numel():
+            b = int(bad[0])
+            raise AttnfuseArgumentError(
+                f"argument {lens_param.index} '{lens_param.name}': kv_lens[{b}] = {int(lens[b])} is not in "
+                f"[0, {capacity}] (max_pages {table.shape[1]} x page_size {k.shape[2]})")
+        used = torch.arange(table.shape[1]).view(1, -1) * k.shape[2] < lens.view(-1, 1)
+        bad = (used & ((table < 0) | (table >= k.shape[0]))).nonzero()
+        if bad.numel():
+            b, p = (int(i) for i in bad[0])
+            raise AttnfuseArgumentError(
+                f"argument {table_param.index} '{table_param.name}': block_table[{b}, {p}] = {int(table[b, p])} "
+                f"is not a page of the pool (0 <= page < {k.shape[0]}, dim 0 of argument {self.qkv[1]})")
+
     def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
-        """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k."""
+        """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k (with a
+        paged KV cache, the page count `pages` and the block table's `max_pages`)."""
         q_index, k_index, _ = self.qkv
         q, k = args[q_index], args[k_index]
-        return {"B": q.shape[0], "Sq": q.shape[2], "Skv": k.shape[2]}
+        found = {"B": q.shape[0], "Sq": q.shape[2], "Skv": k.shape[2]}
+        if self.pages is not None:
+            found["pages"], found["max_pages"] = k.shape[0], args[self.pages[0]].shape[1]
+        return found
 
     def expected_shape(self, index: int, args: Sequence[Any]) -> tuple[Any, ...]:
         """The shape argument `index` has with the sizes of this call, before any
@@ -235,7 +273,8 @@ class ArgumentChecker:
             arg = args[index]
             want = [sizes[s] if isinstance(s, str) else s for s in symbols]
             got = list(arg.shape)
-            if index not in self.qkv and len(got) == len(want) and symbols and symbols[0] == "B" and got[0] == 1:
+            if (index not in self.qkv and index not in (self.pages or ()) and len(got) == len(want) and symbols
+                    and symbols[0] == "B" and got[0] == 1):
                 want[0] = 1  # an extra operand may broadcast over the batch (read with stride 0)
             if got != want:
                 shown = ", ".join(f"{s}={sizes[s]}" if isinstance(s, str) else str(s) for s in symbols)
@@ -243,6 +282,9 @@ class ArgumentChecker:
                 raise AttnfuseArgumentError(
                     f"argument {index} '{param.name}': expected shape [{shown}], got {tuple(arg.shape)}"
                 )
+        if self.pages is not None and sizes["pages"] == 0:
+            param = self.parameters[self.qkv[1]]
+            raise AttnfuseArgumentError(f"argument {param.index} '{param.name}': a page pool needs at least one page")
 
 
 _TOKENS = {"Sq": "query tokens (dim 2 of q)", "Skv": "key tokens (dim 2 of k)"}

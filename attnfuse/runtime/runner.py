@@ -36,6 +36,7 @@ class Runner:
         plan = self.host.plan(signature)
         device = self.checker.check(args) if plan is None else None
         self.checker.segment_values(args)
+        self.checker.page_values(args)
         if plan is not None:
             return plan.run(args)
         assert device is not None

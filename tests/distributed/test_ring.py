@@ -101,6 +101,18 @@ def test_split_refuses_position_dependent_ops(builder: Any, message: str) -> Non
     assert message in str(error.value)
 
 
+def test_split_refuses_a_paged_cache() -> None:
+    text = """func.func @f(%q: tensor<?x4x?x16xf32>, %kc: tensor<?x2x8x16xf32>, %vc: tensor<?x2x8x16xf32>,
+                 %bt: tensor<?x?xi32>, %n: tensor<?xi32>) -> tensor<?x4x?x16xf32> {
+  %s = attn.scores %q, %kc block_table %bt kv_lens %n : tensor<?x4x?x16xf32>, tensor<?x2x8x16xf32>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %s : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %vc : !attn.probs<?x4x?x?xf32>, tensor<?x2x8x16xf32> -> tensor<?x4x?x16xf32>
+  func.return %o : tensor<?x4x?x16xf32>
+}"""
+    with pytest.raises(RingSplitError, match="'attn.scores' reads a paged KV cache"):
+        split_for_ring(text)
+
+
 def test_split_variants_of_llama3() -> None:
     split = split_for_ring(REPO / "examples" / "llama3.attn")
     assert split.causal and split.passed == () and split.operands == ()

@@ -1504,3 +1504,91 @@ func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi
 }
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op packed scores have dynamic batch, q_len and kv_len dims (one [len_q, len_k] block per sequence)
+
+// -----
+
+// a paged KV cache needs the block table and the lengths
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?x?xi32>) {
+  // expected-error @+1 {{a paged KV cache needs both block_table and kv_lens}}
+  %s = attn.scores %q, %k block_table %bt : tensor<?x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?x?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a paged KV cache needs both block_table and kv_lens
+
+// -----
+
+// a page pool has a static page size
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %bt: tensor<?x?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{attn.scores k page pool needs a static page size (dim 2), got [?, 2, ?, 16]}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<?x4x?x16xf16>, tensor<?x2x?x16xf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores k page pool needs a static page size (dim 2), got [?, 2, ?, 16]
+
+// -----
+
+// a page pool has a dynamic page count
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<64x2x8x16xf16>, %bt: tensor<?x?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{attn.scores k page pool has a dynamic page count ([?, heads, page_size, head_dim]), got [64, 2, 8, 16]}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<?x4x?x16xf16>, tensor<64x2x8x16xf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores k page pool has a dynamic page count ([?, heads, page_size, head_dim]), got [64, 2, 8, 16]
+
+// -----
+
+// the block table is an int32 matrix
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{attn.scores block_table must be an int32 [batch, max_pages] tensor, got tensor<?xi32>}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<?x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores block_table must be an int32 [batch, max_pages] tensor, got tensor<?xi32>
+
+// -----
+
+// the lengths are int32
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?x?xi32>, %n: tensor<?xi64>) {
+  // expected-error @+1 {{attn.scores kv_lens must be an int32 [batch] tensor, got tensor<?xi64>}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<?x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?x?xi32>, tensor<?xi64> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores kv_lens must be an int32 [batch] tensor, got tensor<?xi64>
+
+// -----
+
+// one block table row and one length per sequence of q
+func.func @f(%q: tensor<2x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<3x?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{block_table [3, ?] and kv_lens [?] have one row per sequence of q (batch [2])}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<2x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<3x?xi32>, tensor<?xi32> -> !attn.scores<2x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op block_table [3, ?] and kv_lens [?] have one row per sequence of q (batch [2])
+
+// -----
+
+// paged scores have one key count per sequence
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?x?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{paged scores have a dynamic kv_len dim (kv_lens[b] keys per sequence)}}
+  %s = attn.scores %q, %k block_table %bt kv_lens %n : tensor<?x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x8xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op paged scores have a dynamic kv_len dim (kv_lens[b] keys per sequence)
+
+// -----
+
+// a paged cache and a packed batch do not combine
+func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?x?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{a paged KV cache (block_table) and a packed batch (cu_seqlens) do not combine}}
+  %s = attn.scores %q, %k cu_seqlens_q %n cu_seqlens_k %n block_table %bt kv_lens %n : tensor<1x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?xi32>, tensor<?xi32>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a paged KV cache (block_table) and a packed batch (cu_seqlens) do not combine

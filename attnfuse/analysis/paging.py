@@ -1,0 +1,90 @@
+"""Paged KV caches: the block table and lengths of a program, and what a paged program holds.
+
+An `attn.scores` with `block_table` and `kv_lens` reads K and V from page pools
+`[?, Hkv, page_size, D]`: sequence `b` has `kv_lens[b]` keys, key `j` is row
+`j % page_size` of page `block_table[b, j / page_size]`. The program is then, for every
+`b`, the same program on the contiguous keys of sequence `b` (bottom-right masks align
+with `kv_lens[b]`). Lowering (`mask-tiling`, `split-kv`, `lower-to-tile`,
+`lower-backward`) and the runtime's argument checks share this analysis.
+
+```mlir
+%s = attn.scores %q, %kc block_table %bt kv_lens %lens : ... -> !attn.scores<?x32x?x?xf32>
+```
+pages with `PagedCache(block_table=%bt, kv_lens=%lens, page_size=16)`.
+
+What a paged program cannot hold is rejected with a `ProgramError` at the op:
+
+* K transforms (`attn.rope`, `attn.qk_norm` on K): they would rotate the whole cache on
+  every call; the cache holds keys as the model attends to them, rotated when appended
+  (`attnfuse.inference.append_paged_kv`);
+* operands indexed by a padded `[B, Skv]` key axis (document ids, bias tensors, per-row
+  prefix lengths), as for packed batches;
+* dropout (inference), and a packed batch (`cu_seqlens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import SSAValue
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects.attn import BiasOp, MaskOp
+from attnfuse.dialects.attn_paged import verify_page_pool
+from attnfuse.program import AttentionProgram, ProgramError
+
+NO_BACKWARD = "a paged KV cache (block_table) is for inference: lower-backward builds no backward for it"
+"""Why a paged program has no gradient (`attnfuse.no_backward`)."""
+
+
+@dataclass(frozen=True)
+class PagedCache:
+    """The block table and key counts of a paged program, and its page size."""
+
+    block_table: SSAValue
+    kv_lens: SSAValue
+    page_size: int
+
+    def arguments(self, program: AttentionProgram) -> tuple[int, int]:
+        """(argument index of the block table, of kv_lens)."""
+        return program.arg(self.block_table), program.arg(self.kv_lens)
+
+
+def paged_cache(program: AttentionProgram) -> PagedCache | None:
+    """The paging of `program`, or None; a `ProgramError` for what a paged program
+    cannot hold (see the module docstring)."""
+    scores = program.scores
+    if scores.block_table is None or scores.kv_lens is None:
+        return None
+    k_type = scores.k.type
+    assert isinstance(k_type, TensorType)
+    paged = PagedCache(scores.block_table, scores.kv_lens, k_type.get_shape()[2])
+    paged.arguments(program)  # both must be function arguments
+    user = program.weighted_sum or program.online
+    try:
+        if verify_page_pool(program.v_type, "v") != paged.page_size:
+            raise ProgramError(f"v page size {program.v_type.get_shape()[2]} differs from k's {paged.page_size} "
+                               "(one block table pages both)", user)
+    except VerifyException as err:
+        raise ProgramError(str(err), user) from None
+    if program.k.transforms:
+        op = program.k.transforms[0]
+        raise ProgramError(
+            f"{op.name} on K of a paged KV cache would transform the whole cache on every call: "
+            "store keys transformed (attnfuse.inference.append_paged_kv rotates them)", op)
+    for op in program.score_ops:
+        if isinstance(op, MaskOp) and (op.kind_name == "document" or (op.kind_name == "prefix_lm" and op.args)):
+            raise ProgramError(
+                f"attn.mask {op.kind_name} with an operand indexes a padded [B, S] batch: not supported "
+                "with a paged KV cache", op)
+        if isinstance(op, BiasOp) and op.kind_name == "tensor":
+            raise ProgramError("attn.bias tensor indexes a padded [B, H, Sq, Skv] batch: not supported "
+                               "with a paged KV cache", op)
+    if program.dropout is not None or (program.online is not None and program.online.dropout_seed is not None):
+        raise ProgramError("attn.dropout is not supported with a paged KV cache (inference)",
+                           program.dropout or program.online)
+    return paged
+
+
+__all__ = ["NO_BACKWARD", "PagedCache", "paged_cache"]

@@ -1,0 +1,39 @@
+// lower-to-tile on a paged KV cache (block_table / kv_lens on attn.scores): the host's
+// key bound is the block table's max_pages * page_size, the forward and split-KV kernels
+// read each sequence's kv_lens entry and gather K/V rows through the block table, and
+// lower-backward leaves the program without a backward (inference).
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling{block-m=16 block-n=16},split-kv{block-n=16},lower-backward,lower-to-tile' | filecheck %s
+
+// CHECK-LABEL: func.func @paged(
+// CHECK-SAME:    attributes {attnfuse.no_backward = "a paged KV cache (block_table) is for inference: lower-backward builds no backward for it"}
+// CHECK:         %max_pages = host.dim %bt[1] : tensor<?x?xi32>
+// CHECK-NEXT:    %[[P:.*]] = arith.constant 8 : i32
+// CHECK-NEXT:    %kv_len = arith.muli %max_pages, %[[P]] : i32
+// CHECK-NEXT:    %num_pages = host.dim %kc[0] : tensor<?x2x8x32xf16>
+// CHECK:         host.launch @paged_split_kv[%split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK:         host.launch @paged_fwd[%grid_m_1, %grid_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages)
+// CHECK-NOT:     @paged_backward
+
+// The forward kernel: the sequence's keys, clamped to the block table's; pool rows per key.
+// CHECK-LABEL: tile.kernel @paged_fwd(
+// CHECK:         %kv_seq_len = tile.load %kv_lens[%{{.*}}] : !tile.ptr<i32>, i32 -> i32
+// CHECK:         %kv_len = arith.minsi %{{.*}}, %Skv : i32
+// CHECK:         %diag = arith.subi %kv_len, %Sq : i32
+// CHECK:         %page_slot = arith.divsi %cols, %{{.*}} : tensor<16xi32>
+// CHECK:         %page = tile.load %block_table_base[%{{.*}}] mask %col_ok other %{{.*}} : !tile.ptr<i32>, tensor<16xi32> -> tensor<16xi32>
+// CHECK:         %page_in_pool = arith.minsi %{{.*}}, %{{.*}} : tensor<16xi32>
+// CHECK:         %page_row = arith.remsi %cols, %{{.*}} : tensor<16xi32>
+// CHECK:         %K_rows = arith.addi
+// CHECK:         %V_rows = arith.addi
+// The split kernel reads its sequence's keys the same way.
+// CHECK-LABEL: tile.kernel @paged_split_kv(
+// CHECK:         %kv_seq_len = tile.load %kv_lens
+// CHECK:         %K_rows = arith.addi
+func.func @paged(%q: tensor<?x4x?x32xf16>, %kc: tensor<?x2x8x32xf16>, %vc: tensor<?x2x8x32xf16>,
+                 %bt: tensor<?x?xi32>, %lens: tensor<?xi32>) -> tensor<?x4x?x32xf16> {
+  %s = attn.scores %q, %kc block_table %bt kv_lens %lens : tensor<?x4x?x32xf16>, tensor<?x2x8x32xf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x4x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
+  %o = attn.weighted_sum %p, %vc : !attn.probs<?x4x?x?xf32>, tensor<?x2x8x32xf16> -> tensor<?x4x?x32xf16>
+  func.return %o : tensor<?x4x?x32xf16>
+}

@@ -1,0 +1,219 @@
+"""Paged KV caches (`attn.scores ... block_table kv_lens`) through the Triton interpreter.
+
+Decode (Sq = 1, 4, 16: the split-KV kernels, several splits) and prefill (Sq = 20, 37:
+the forward kernel) against K/V page pools with shuffled, non-contiguous block tables,
+lengths that are not multiples of the page size (5, 37, 70 keys in pages of 8; pages of
+1 and 16 too), every building block that works for contiguous decode. Each output is
+compared with the float64 reference (which gathers the pages into contiguous K/V) within
+PyTorch's own error in the same dtype (`paged_programs.torch_output`), f16 and f32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from paged_programs import BR, PagedProgram, inputs, paged, torch_output
+from split_kv_check import FACTOR, launches, relative_error
+
+import attnfuse
+from attnfuse import reference
+from attnfuse.analysis.split_kv import default_rows
+from attnfuse.program import ProgramError, analyze
+
+BLOCK = 16
+LENS = (5, 37, 70)
+
+
+def pipeline(split: bool = True, strategy: str = "fused") -> str:
+    return (f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
+            f"mask-tiling{{block-m={BLOCK} block-n={BLOCK}}},"
+            + (f"split-kv{{block-n={BLOCK}}}," if split else "") + "lower-backward,lower-to-tile")
+
+
+_COMPILED: dict[tuple[str, str], attnfuse.api.AttentionFunction] = {}
+
+
+def compiled(text: str, pipe: str) -> attnfuse.api.AttentionFunction:
+    if (text, pipe) not in _COMPILED:
+        _COMPILED[(text, pipe)] = attnfuse.compile(text, pipeline=pipe)
+    return _COMPILED[(text, pipe)]
+
+
+def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtype: torch.dtype = torch.float16,
+          seed: int = 0, strategy: str = "fused", split: bool = True) -> torch.Tensor:
+    """Run the program on fresh inputs; the kernel that served the call (split-KV when
+    `Sq * group` fits its tile, else the forward kernel), and the error bound."""
+    args = inputs(program, lens, q_len, seed=seed, dtype=dtype)
+    fn = compiled(program.text, pipeline(split, strategy))
+    result = fn(*args)
+    out = result[0] if isinstance(result, tuple) else result
+    ran = launches(fn, args)
+    group = program.heads // args[1].shape[1]
+    rows = default_rows(analyze(next(iter(reference.parse_program(program.text).ops))))  # type: ignore[arg-type]
+    assert ("f_split_kv" in ran) == (split and q_len * group <= rows), ran
+    want = reference.run(program.text, *args)
+    want = want[0] if isinstance(want, tuple) else want
+    assert out.dtype == dtype and not torch.isnan(out).any()
+    ours, theirs = relative_error(out, want), relative_error(torch_output(program, args), want)
+    bound = FACTOR[dtype] * max(theirs, torch.finfo(dtype).eps)
+    assert ours <= bound, f"relative error {ours:.2e} > {bound:.2e} ({FACTOR[dtype]} x PyTorch's {theirs:.2e})"
+    if isinstance(result, tuple):
+        lse = reference.run(program.text, *args)[1]
+        finite = torch.isfinite(lse)
+        assert torch.equal(torch.isfinite(result[1]), finite)
+        assert (result[1].double()[finite] - lse[finite]).abs().max() < 1e-2
+    return out
+
+
+ROPE = "{theta = 10000.0}"
+SCORE_MOD = """attn.score_mod {x}, %tab : {s}, tensor<4xf32> {{
+  ^bb0(%a: f32, %b: index, %h: index, %qi: index, %ki: index, %t: tensor<4xf32>):
+    %w = tensor.extract %t[%h] : tensor<4xf32>
+    %d = arith.subi %ki, %qi : index
+    %di = arith.index_cast %d : index to i32
+    %df = arith.sitofp %di : i32 to f32
+    %c = arith.constant 0.03 : f32
+    %m = arith.mulf %w, %df : f32
+    %n = arith.mulf %m, %c : f32
+    %y = arith.addf %a, %n : f32
+    attn.yield %y : f32
+  }}"""
+HEAD_MASK = """attn.mask custom {x} : {s} {{
+  ^bb0(%b: index, %h: index, %qi: index, %ki: index):
+    %three = arith.constant 3 : index
+    %kh = arith.addi %ki, %h : index
+    %r = arith.remsi %kh, %three : index
+    %z = arith.constant 0 : index
+    %h0 = arith.cmpi eq, %h, %z : index
+    %e = arith.cmpi ne, %r, %z : index
+    %keep = arith.ori %h0, %e : i1
+    attn.yield %keep : i1
+  }}"""
+
+BLOCKS: dict[str, Any] = {
+    "no_mask": lambda: paged(),
+    "causal": lambda: paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"]),
+    "top_left_causal": lambda: paged(score_ops=["attn.mask causal {x} : {s}"]),
+    "window": lambda: paged(score_ops=['attn.mask sliding_window {x} {{align = "bottom_right", left = 20, right = 0}} : {s}']),
+    "window_sinks_lse": lambda: paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}",
+                                                 'attn.mask sliding_window {x} {{align = "bottom_right", left = 30}} : {s}'],
+                                      sinks=True, lse=True),
+    "softcap": lambda: paged(score_ops=["attn.softcap {x} {{cap = 5.0}} : {s}", f"attn.mask causal {{x}} {BR} : {{s}}"]),
+    "alibi": lambda: paged(score_ops=["attn.bias alibi {x} : {s}", f"attn.mask causal {{x}} {BR} : {{s}}"]),
+    "alibi_slopes": lambda: paged(score_ops=["attn.bias alibi {x} slopes %slopes : {s}, tensor<4xf32>",
+                                             f"attn.mask causal {{x}} {BR} : {{s}}"], captures=["slopes"]),
+    "score_mod": lambda: paged(score_ops=[SCORE_MOD, f"attn.mask causal {{x}} {BR} : {{s}}"], captures=["tab"]),
+    "custom_mask": lambda: paged(score_ops=[HEAD_MASK, f"attn.mask causal {{x}} {BR} : {{s}}"]),
+    "prefix_static": lambda: paged(score_ops=["attn.mask prefix_lm {x} {{prefix = 9}} : {s}"]),
+    "rope_q": lambda: paged(rope=ROPE, score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"]),
+    "qk_norm_rope_q": lambda: paged(rope='{theta = 500000.0, style = "interleaved", rotary_dim = 16}', qk_norm=True,
+                                    score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"]),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*aligned top-left")
+@pytest.mark.parametrize("block", list(BLOCKS))
+@pytest.mark.parametrize("q_len", [1, 16, 37])
+def test_building_block(block: str, q_len: int) -> None:
+    """Decode (1, 16: split-KV) and prefill (37 queries x group 2 > the 32 packed rows of
+    the split kernel: the forward kernel)."""
+    check(BLOCKS[block](), q_len, seed=q_len)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("q_len", [1, 4, 20])
+def test_shapes(q_len: int, hq: int, hkv: int, dtype: torch.dtype) -> None:
+    """GQA groups 1, 2, 8 (MQA); V with another head dim; f16 and f32."""
+    p = paged(hq, hkv, 32, 48, "f16" if dtype == torch.float16 else "f32",
+              score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
+    p.heads = hq
+    check(p, q_len, dtype=dtype)
+
+
+@pytest.mark.parametrize("page", [1, 16, 24])
+def test_page_sizes(page: int) -> None:
+    """One key per page, pages as large as a KV block, and a page size that is not a
+    power of two (tiles span page boundaries at varying offsets)."""
+    p = paged(page=page, score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
+    for q_len in (1, 20):
+        check(p, q_len, (3, 50, 17))
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "separate"])
+def test_rope_on_queries_in_a_prekernel(strategy: str) -> None:
+    p = paged(rope=ROPE, score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
+    for q_len in (1, 20):
+        check(p, q_len, strategy=strategy)
+
+
+def test_without_split_kv() -> None:
+    """The forward kernel alone (no `split-kv` pass) serves decode calls too."""
+    p = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"], sinks=True)
+    check(p, 1, split=False)
+    check(p, 4, split=False)
+
+
+def test_empty_sequences_and_shorter_than_queries() -> None:
+    """kv_lens 0 (output 0, lse -inf) and fewer keys than queries (bottom-right: the
+    first rows see no key)."""
+    p = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"], lse=True)
+    for q_len in (1, 4, 20):
+        out = check(p, q_len, (0, 3, 29))
+        assert (out[0] == 0).all()
+
+
+def test_one_launch_plan_serves_growing_caches() -> None:
+    """A decode loop whose cache grows by a key per step: the lengths are data, so every
+    step runs the launch plan of the first (no new plan, no recompilation)."""
+    p = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
+    # Renamed: live compilations of the same program share their launch plans.
+    fn = attnfuse.compile(p.text.replace("@f(", "@growing("), pipeline=pipeline())
+    args = inputs(p, (8, 12, 4), 1)
+    for step in range(4):
+        args[4] = torch.tensor([5 + step, 9 + step, 1 + step], dtype=torch.int32)
+        assert relative_error(fn(*args), reference.run(p.text, *args)) < 5e-3
+    assert fn._host.plan_count() == 1  # noqa: SLF001
+
+
+# ============================================================================ errors
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"k_rope": True}, "attn.rope on K of a paged KV cache"),
+    ({"score_ops": ["attn.bias tensor {x}, %bias : {s}, tensor<?x4x?x?xf32>"]}, "attn.bias tensor"),
+])
+def test_unsupported_blocks_are_program_errors(kwargs: dict[str, Any], message: str) -> None:
+    text = paged(**kwargs).text
+    if "%bias" in text:
+        text = text.replace("%lens: tensor<?xi32>", "%lens: tensor<?xi32>, %bias: tensor<?x4x?x?xf32>")
+    with pytest.raises(ProgramError, match=message):
+        attnfuse.compile(text, pipeline=pipeline())
+
+
+def test_dropout_is_a_program_error() -> None:
+    text = paged().text.replace("%lens: tensor<?xi32>", "%lens: tensor<?xi32>, %seed: i64")
+    text = text.replace("%o = attn.weighted_sum %p,", "%pd = attn.dropout %p, %seed {p = 0.1} : "
+                        "!attn.probs<?x4x?x?xf32>, i64\n  %o = attn.weighted_sum %pd,")
+    with pytest.raises(ProgramError, match="attn.dropout is not supported with a paged KV cache"):
+        attnfuse.compile(text)
+
+
+def test_v_page_size_must_match() -> None:
+    text = paged().text.replace("%vc: tensor<?x2x8x32xf16>", "%vc: tensor<?x2x4x32xf16>").replace(
+        "!attn.probs<?x4x?x?xf32>, tensor<?x2x8x32xf16>", "!attn.probs<?x4x?x?xf32>, tensor<?x2x4x32xf16>")
+    with pytest.raises(ProgramError, match="v page size 4 differs from k's 8"):
+        attnfuse.compile(text)
+
+
+def test_no_backward() -> None:
+    """Inference only: lower-backward skips the program and says why on a gradient."""
+    p = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
+    fn = compiled(p.text, pipeline())
+    args = inputs(p, LENS, 1)
+    args[0].requires_grad_(True)
+    with pytest.raises(RuntimeError, match="has no gradient: a paged KV cache"):
+        fn(*args)
