@@ -65,8 +65,9 @@ def partition(rope: RopeOp | None, head_dim: int) -> tuple[Part, ...]:
 
 def splittable(rope: RopeOp, head_dim: int) -> bool:
     """Whether `split_parts` can regroup a full-width tile into `rope`'s two parts: the
-    rotation covers the whole head dim, a power of two."""
-    return rope.rotary_width() == head_dim == padded(head_dim)
+    rotation covers the whole head dim, and each half is a tile width of its own (a
+    power of two of at least 16, `padded`)."""
+    return rope.rotary_width() == head_dim and padded(head_dim // 2) == head_dim // 2
 
 
 def split_parts(b: TileBuilder, tile: SSAValue, layout: tuple[Part, ...]) -> dict[str, SSAValue]:

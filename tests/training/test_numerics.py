@@ -194,3 +194,22 @@ def test_rotate_in_epilogue_gradients(strategy: str, rope: dict[str, object], in
         torch_dtype = {"f32": torch.float32, "f16": torch.float16}[dtype]
         for leaf, ref, name in zip(leaves, refs, "qkv"):
             assert_grad_close(leaf.grad, ref.grad, torch_dtype, f"{dtype} d{name}")
+
+
+def test_rotate_in_epilogue_head_dim_16_keeps_transposes() -> None:
+    """Head dim 16: each rope half (8 columns) is narrower than a tile (16), so the
+    epilogue split does not apply and the transposes rotate dq / dk back."""
+    from attnfuse.testing import assert_grad_close
+
+    p = Builder(hq=2, hkv=1, d=16, dtype="f32").rope().mask("causal").build()
+    fn = attnfuse.compile(p.text, pipeline=EPILOGUE_PIPELINE.format("hybrid"))
+    assert "prologue_transpose" in fn.triton_source and "split_a" not in fn.triton_source
+    args = p.inputs(2, 37, 37, seed=8)
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*leaves)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    out.backward(g)
+    refs = [a.detach().double().requires_grad_(True) for a in args]
+    reference.run(p.text, *refs).backward(g.double())
+    for leaf, ref, name in zip(leaves, refs, "qkv"):
+        assert_grad_close(leaf.grad, ref.grad, torch.float32, f"d{name}")
