@@ -21,8 +21,14 @@ demo: $(STAMP)
 	$(PY) -m attnfuse.demo
 
 # pytest exits 5 when no test is collected: that is not a failure.
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist): by default one per CPU, at
+# most 8 (PYTEST_WORKERS=0 runs it in this process). `--dist loadgroup` hands out single
+# tests, except that a module listed in tests/conftest.py's ONE_WORKER (an expensive
+# module-scoped fixture: the torchrun ring runs, the sm_90 compiles) goes to one worker.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 8 ] && n=8; echo $$n)
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi
 
 # A longer driver fuzz run than CI's (tests/test_driver_fuzz.py): 30000 cases, a few minutes.
 fuzz-driver: $(STAMP)

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from differential import fuzz
-from fuzz_summary import SUMMARY_KEY
+from fuzz_summary import SUMMARY_PROPERTY
 
 FUZZ_SEED = 0
 FUZZ_PROGRAMS = 10
@@ -25,7 +25,7 @@ FUZZ_PROGRAMS = 10
 def test_differential_fuzz(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))  # every program is lowered
     summary = fuzz(FUZZ_SEED, FUZZ_PROGRAMS)
-    request.config.stash[SUMMARY_KEY] = summary.line()
+    request.node.user_properties.append((SUMMARY_PROPERTY, summary.line()))
     assert summary.programs == FUZZ_PROGRAMS
     assert summary.cases >= FUZZ_PROGRAMS and summary.comparisons >= 5 * summary.cases
     assert not summary.failures, "\n".join(f.report() for f in summary.failures) + "\n" + summary.line()

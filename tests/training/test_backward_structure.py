@@ -297,9 +297,10 @@ def test_gradients_method_slots() -> None:
 # ============================================================================ determinism
 
 
-def _grads_twice(
-    text: str, args: list[Any], pipeline: str, *, memo: bool = True
-) -> tuple[list[Any], list[Any]]:
+def _grad_runs(
+    text: str, args: list[Any], pipeline: str, *, memo: bool = True, times: int = 2
+) -> list[list[Any]]:
+    """The float gradients of `times` forward + backward runs of one compiled function."""
     fn = (
         compile_once(text, pipeline)
         if memo
@@ -307,7 +308,7 @@ def _grads_twice(
     )
     g = None
     runs = []
-    for _ in range(2):
+    for _ in range(times):
         leaves = [
             a.detach().clone().requires_grad_(True)
             if isinstance(a, torch.Tensor) and a.is_floating_point()
@@ -327,7 +328,7 @@ def _grads_twice(
                 if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
             ]
         )
-    return runs[0], runs[1]
+    return runs
 
 
 @pytest.mark.parametrize("strategy", ["fused", "separate"])
@@ -335,7 +336,7 @@ def test_backward_is_deterministic(strategy: str) -> None:
     """Two backward runs: bit-identical gradients (GQA, weights, slopes, broadcast bias,
     sinks: every reduction is a fixed-order partial sum, no atomics)."""
     p = _all_learnables()
-    first, second = _grads_twice(p.text, p.inputs(2, 29, 29), PIPELINE.format(strategy))
+    first, second = _grad_runs(p.text, p.inputs(2, 29, 29), PIPELINE.format(strategy))
     assert len(first) == 8
     for a, b in zip(first, second):
         assert torch.equal(a, b)
@@ -343,7 +344,7 @@ def test_backward_is_deterministic(strategy: str) -> None:
 
 def test_dropout_backward_is_deterministic() -> None:
     p = Builder(hq=2, hkv=1, d=32, dtype="bf16").mask("causal").build(dropout=0.3)
-    first, second = _grads_twice(p.text, p.inputs(2, 29, 29), PIPELINE.format("fused"))
+    first, second = _grad_runs(p.text, p.inputs(2, 29, 29), PIPELINE.format("fused"))
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -367,8 +368,8 @@ def test_backward_from_disk_cache(
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))
     p = CACHE_PROGRAMS[name](Builder(hq=2, hkv=1, d=32))
     args = p.inputs(2, 21, 21)
-    miss, _ = _grads_twice(p.text, args, PIPELINE.format("fused"), memo=False)
-    hit, _ = _grads_twice(p.text, args, PIPELINE.format("fused"), memo=False)
+    (miss,) = _grad_runs(p.text, args, PIPELINE.format("fused"), memo=False, times=1)
+    (hit,) = _grad_runs(p.text, args, PIPELINE.format("fused"), memo=False, times=1)
     for a, b in zip(miss, hit):
         assert torch.equal(a, b)
 

@@ -1,14 +1,16 @@
 """Every example in examples/ trains: `loss.backward()` through `attnfuse.compile(...)`
 gives the gradients of the float64 reference's autograd.
 
-Each example runs at its declared heads and head dims, B=2, S=37, twice:
+Each example runs at its declared heads and head dims, S=37, twice:
 
-* declared dtype, `attnfuse.compile(path)` with the default pipeline (what a user runs:
-  rope-fusion{strategy=auto}, the backward's own block sizes), dtype tolerances;
-* a precise f32 variant (`attnfuse.testing.with_dtype(text, "f32")`; operands that are not
-  q/k/v keep their declared dtype) with the default pipeline but `strategy=fused`, so the
-  Q/K transforms stay inside the backward kernels: f32 tolerance (or the operand's own
-  dtype's, for a bf16 norm weight whose gradient is stored in bf16).
+* declared dtype, B=2, `attnfuse.compile(path)` with the default pipeline (what a user
+  runs: rope-fusion{strategy=auto}, the backward's own block sizes), dtype tolerances;
+* a precise f32 variant, B=1 (`attnfuse.testing.with_dtype(text, "f32")`; operands that
+  are not q/k/v keep their declared dtype) with the default pipeline but `strategy=fused`,
+  so the Q/K transforms stay inside the backward kernels: f32 tolerance (or the operand's
+  own dtype's, for a bf16 norm weight whose gradient is stored in bf16). One batch entry:
+  the interpreter runs one program per (batch entry, head), and the batch offsets are
+  the declared-dtype run's to check.
 
 The loss is `(out * g).sum()` with a random `g`; inputs from `attnfuse.testing.make_inputs`
 (fresh random values, never zeros; document ids as random segments, seeds as ints).
@@ -31,7 +33,7 @@ from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close, make_inputs, wit
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
 FUSED_PIPELINE = DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused")
-BATCH, SEQ = 2, 37
+SEQ = 37
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,11 +49,11 @@ def _is_float(a: Any) -> bool:
     return isinstance(a, torch.Tensor) and a.is_floating_point()
 
 
-def train_step(fn: attnfuse.api.AttentionFunction, text: str, seed: int) -> None:
+def train_step(fn: attnfuse.api.AttentionFunction, text: str, seed: int, batch: int) -> None:
     """One loss.backward() through the kernels and through the reference; compare."""
     function = find_functions(parse_program(text))[0]
     names = [a.name_hint for a in function.args]
-    args = make_inputs(function, BATCH, SEQ, SEQ, seed=seed)
+    args = make_inputs(function, batch, SEQ, SEQ, seed=seed)
     leaves = [
         a.detach().clone().requires_grad_(True) if _is_float(a) else a for a in args
     ]
@@ -88,7 +90,7 @@ def test_example_trains(path: Path) -> None:
     """Declared dtype, default pipeline, compiled from the file path."""
     fn = attnfuse.compile(path)
     assert fn.lowered_ir.count("_backward(") >= 1
-    train_step(fn, path.read_text(), seed=3)
+    train_step(fn, path.read_text(), seed=3, batch=2)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -97,7 +99,7 @@ def test_example_trains_f32(path: Path) -> None:
     text = with_dtype(path.read_text(), "f32")
     assert "xf32>" in text
     fn = attnfuse.compile(text, pipeline=FUSED_PIPELINE)
-    train_step(fn, text, seed=4)
+    train_step(fn, text, seed=4, batch=1)
 
 
 def test_examples_found() -> None:
