@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, ModuleOp, TensorType, f32, i32
 from xdsl.ir import Block, Region
 from xdsl.rewriter import InsertPoint
 
+from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.dialects.attn import RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.dialects.tile import KernelOp
@@ -38,15 +39,9 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.paged import PagedKV, PageView
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, store_parts
 from attnfuse.lowering.signature import KernelSignature
-from attnfuse.reference.rope import RopeParams, inverse_frequencies
 
 ROWS_PER_PROGRAM = 64
 """New tokens one program appends (per batch element and KV head)."""
-
-
-def _rope_frequencies(op: RopeOp) -> list[float]:
-    """The rope's (scaled) inverse frequencies, computed as the reference does."""
-    return [float(x) for x in inverse_frequencies(RopeParams.of(op))]
 
 
 def build_append(name: str, k_pool: TensorType, v_pool: TensorType, rope: RopeOp | None) -> ModuleOp:
@@ -76,7 +71,7 @@ def build_append(name: str, k_pool: TensorType, v_pool: TensorType, rope: RopeOp
     k_arg, v_arg = sig.tensor("K", k), sig.tensor("V", v)
     layout = partition(rope, head_dim)
     side = SideTransforms([rope] if rope is not None else [],
-                          SideContext(sig, head_dim, lambda op: host.table(_rope_frequencies(op))), "k")
+                          SideContext(sig, head_dim, lambda op: host.table(rope_inverse_frequencies(op))), "k")
     tokens_arg, capacity_arg = sig.scalar("Sn", new_tokens), sig.scalar("capacity", capacity)
     kernel_name = f"{name}_kernel"
     b = sig.start(kernel_name, num_warps=4, num_stages=1, launch={})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Attribute, SSAValue
 
+from attnfuse.analysis.rope import RopeParams, yarn_attention_factor
 from attnfuse.dialects.attn import QKNormOp, RopeOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.signature import KernelSignature, TensorArg
@@ -254,8 +255,6 @@ def tile_width(tile: SSAValue) -> int:
 
 
 def _yarn_attention_factor(op: RopeOp) -> float:
-    from attnfuse.reference.rope import RopeParams, yarn_attention_factor
-
     return yarn_attention_factor(RopeParams.of(op))
 
 

@@ -29,12 +29,12 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 
+from attnfuse.analysis.rope import RopeParams
 from attnfuse.dialects.attn import RopeOp
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, padded
 from attnfuse.lowering.signature import KernelSignature
-from attnfuse.reference.rope import RopeParams
 
 ROWS_PER_PROGRAM = 16
 """Positions per program. The table is small (S x rotary_dim) and each element costs a

@@ -29,6 +29,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
+from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
 from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
@@ -50,7 +51,7 @@ from attnfuse.lowering.qk_side import partition, splittable
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.lowering.varlen import PackedHost, PackedRows
-from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, check_f32_dot, rope_inverse_frequencies
+from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, check_f32_dot
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 

@@ -63,18 +63,11 @@ from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.lowering.split_kv import lower_split_kv
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
 from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
-
-
-def rope_inverse_frequencies(op: RopeOp) -> list[float]:
-    """The (scaled) inverse frequencies of a rope op, computed as the reference does."""
-    from attnfuse.reference.rope import RopeParams, inverse_frequencies
-
-    params = RopeParams.of(op)
-    return [float(x) for x in inverse_frequencies(params)]
 
 
 def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False) -> int:
@@ -299,4 +292,4 @@ class LowerToTilePass(ModulePass):
         return kernels
 
 
-__all__ = ["SHARED_MEMORY_BUDGET", "LowerToTilePass", "MaskOp", "rope_inverse_frequencies"]
+__all__ = ["SHARED_MEMORY_BUDGET", "LowerToTilePass", "MaskOp"]
