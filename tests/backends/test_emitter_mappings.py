@@ -25,7 +25,7 @@ from xdsl.dialects import math as xmath
 from xdsl.dialects.builtin import Attribute, IndexType, f32, f64, i32, i64
 from xdsl.ir import Operation, SSAValue
 
-from attnfuse.backends.triton import emitter
+from attnfuse.backends.triton import source as emitter
 from attnfuse.backends.triton.emitter import emit_module
 from attnfuse.runtime.loader import load_kernels
 from attnfuse.dialects import tile

@@ -24,7 +24,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from attnfuse.backends.gluon.metadata import gluon_kernel_metadata
-from attnfuse.backends.triton.emitter import _HANDLERS, TritonEmitter, _literal, _shape_text, _splat_value
+from attnfuse.backends.triton import op_handlers  # noqa: F401  (registers the op handlers)
+from attnfuse.backends.triton.source import _HANDLERS, TritonEmitter, _literal, _shape_text, _splat_value
 from attnfuse.backends.triton.metadata import identifier, tl_dtype
 from attnfuse.dialects import tile
 from attnfuse.dialects import tile_hopper as th
