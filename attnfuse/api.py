@@ -203,6 +203,21 @@ class AttentionFunction:
             raise ValueError(f"@{self.name} reads no paged KV cache (attn.scores has no block_table)")
         self._runner.checker.check_pages = on
 
+    @property
+    def check_segment_values(self) -> bool:
+        """Whether every call of a packed program (cu_seqlens) checks their values (from 0,
+        rising, to the token count): a copy to the host, so a synchronisation. On by
+        default; skipped while a CUDA graph is being captured. Off, bad values give wrong
+        numbers but no access outside the tensors (the kernels clamp every sequence).
+        Shared by the live compilations of one program."""
+        return self._runner.checker.check_segments
+
+    @check_segment_values.setter
+    def check_segment_values(self, on: bool) -> None:
+        if not self._runner.checker.segments:
+            raise ValueError(f"@{self.name} is not a packed program (attn.scores has no cu_seqlens)")
+        self._runner.checker.check_segments = on
+
     # ------------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, return_lse: bool = False) -> Any:

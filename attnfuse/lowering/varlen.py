@@ -68,6 +68,9 @@ class PackedRows:
     schedule: Schedule
     cu_q: SSAValue
     cu_k: SSAValue
+    tokens_q: SSAValue
+    tokens_k: SSAValue
+    """Token counts of the two sides (dim 2 of their tensors): cu_seqlens are clamped to them."""
     q_rows: tuple[SSAValue, ...] = ()
     k_rows: tuple[SSAValue, ...] = ()
 
@@ -96,7 +99,8 @@ class PackedHost:
     def rows(self, side: str, block: int, q_rows: Sequence[SSAValue] = (),
              k_rows: Sequence[SSAValue] = ()) -> PackedRows:
         """`PackedRows` of a kernel walking `side`'s sequences in blocks of `block`."""
-        return PackedRows(self.schedule(side, block), self.cu["q"], self.cu["k"], tuple(q_rows), tuple(k_rows))
+        return PackedRows(self.schedule(side, block), self.cu["q"], self.cu["k"], self.tokens["q"], self.tokens["k"],
+                          tuple(q_rows), tuple(k_rows))
 
     def _build(self, side: str, block: int) -> Schedule:
         host = self.host
@@ -111,41 +115,57 @@ class PackedHost:
         table = host.alloc(TensorType(i32, [DYNAMIC_INDEX, 2]), {0: slots}, f"{side}_schedule{block}")
         name = f"{self.prefix}_schedule_{side}{block}"
         if (block, side) not in self._kernels:
-            kernel = build_schedule_kernel(name, cu, table, slots, block, heavy_first=side == "q")
+            kernel = build_schedule_kernel(name, cu, self.tokens[side], table, slots, block, heavy_first=side == "q")
             self._kernels[(block, side)] = kernel
             self.kernels.append(kernel)
         one = host.const(1, "one")
-        host.launch(name, [entries, one, one], [cu, table, slots])
+        host.launch(name, [entries, one, one], [cu, self.tokens[side], table, slots])
         return Schedule(table, slots, side)
 
 
-def build_schedule_kernel(name: str, cu: SSAValue, table: SSAValue, slots: SSAValue, block: int,
+def clamped_bounds(b: TileBuilder, start: SSAValue, end: SSAValue, tokens: SSAValue,
+                   prefix: str | None = None) -> tuple[SSAValue, SSAValue]:
+    """(start, length) of a sequence from two cu_seqlens entries, clamped so that its rows
+    stay within `[0, tokens)` whatever the entries hold: with values the host did not
+    check (`check_segment_values` off, or a CUDA graph), bad entries give wrong numbers,
+    never accesses outside the tensors."""
+    start = b.minimum(b.maximum(start, 0), tokens, name=prefix and f"{prefix}_seq_start")
+    end = b.minimum(b.maximum(end, start), tokens)
+    return start, b.sub(end, start, name=prefix and f"{prefix}_seq_len")
+
+
+def build_schedule_kernel(name: str, cu: SSAValue, tokens: SSAValue, table: SSAValue, slots: SSAValue, block: int,
                           *, heavy_first: bool) -> KernelOp:
     """The kernel writing `table` from `cu` (grid: N + 1 programs; see the module docstring)."""
     sig = KernelSignature()
-    cu_arg, out = sig.tensor("cu_seqlens", cu), sig.tensor("schedule", table)
+    cu_arg = sig.tensor("cu_seqlens", cu)
+    tokens_arg = sig.scalar("tokens", tokens)
+    out = sig.tensor("schedule", table)
     slots_arg = sig.scalar("slots", slots)
     b = sig.start(name, num_warps=4, num_stages=1, launch={})
     assert cu_arg.ptr is not None and out.ptr is not None and slots_arg.value is not None
+    assert tokens_arg.value is not None
+    total = tokens_arg.value
     seq = b.program_id(0, name="seq")
     sequences = b.sub(b.num_programs(0), 1, name="sequences")
     with b.for_(0, seq, SCAN_WIDTH, inits=[b.constant(0, i32)], iv_name="j0", names=["first"]) as scan:
         j = b.add(scan.iv, b.arange(0, SCAN_WIDTH), name="j")
         before = b.lt(j, seq)
-        lengths = b.sub(b.load(cu_arg.ptr, b.mul(b.add(j, 1), cu_arg.strides[0]), mask=before, other=0),
-                        b.load(cu_arg.ptr, b.mul(j, cu_arg.strides[0]), mask=before, other=0))
+        _, lengths = clamped_bounds(b, b.load(cu_arg.ptr, b.mul(j, cu_arg.strides[0]), mask=before, other=0),
+                                    b.load(cu_arg.ptr, b.mul(b.add(j, 1), cu_arg.strides[0]), mask=before, other=0),
+                                    total)
         blocks = b.div(b.add(lengths, block - 1), block)
         scan.yield_(b.add(scan.carried[0], b.reduce_sum(blocks, 0)))
     first = scan.results[0]
     real = b.lt(seq, sequences, name="real")
     start = b.load(cu_arg.ptr, b.mul(seq, cu_arg.strides[0]), mask=real, other=0)
     end = b.load(cu_arg.ptr, b.mul(b.add(seq, 1), cu_arg.strides[0]), mask=real, other=0)
-    own = b.div(b.add(b.sub(end, start), block - 1), block)
+    own = b.div(b.add(clamped_bounds(b, start, end, total)[1], block - 1), block)
     count = b.where(real, own, b.sub(slots_arg.value, first), name="count")
     value = b.where(real, seq, -1, name="value")
     with b.for_(0, count, FILL_WIDTH, iv_name="k0") as fill:
         k = b.add(fill.iv, b.arange(0, FILL_WIDTH), name="k")
-        in_range = b.lt(k, count)
+        in_range = b.and_(b.lt(k, count), b.lt(b.add(first, k), slots_arg.value))  # bad cu_seqlens: no overflow
         index = b.sub(b.sub(count, 1), k) if heavy_first else k
         row = b.mul(b.add(first, k), out.strides[0])
         b.store(out.ptr, row, value, mask=in_range)
@@ -176,8 +196,10 @@ class SequenceView:
         self.rows = rows
         self.schedule = sig.tensor("schedule", rows.schedule.table)
         sides = {"q": rows.cu_q, "k": rows.cu_k}
+        totals = {"q": rows.tokens_q, "k": rows.tokens_k}
         needed = {rows.schedule.side} | ({"q"} if rows.q_rows else set()) | ({"k"} if rows.k_rows else set())
         self.cu = {side: sig.tensor(f"cu_seqlens_{side}", sides[side]) for side in ("q", "k") if side in needed}
+        self.tokens = {side: sig.scalar(f"tokens_{side}", totals[side]) for side in self.cu}
 
     def enter(self, b: TileBuilder, slot: SSAValue) -> SequenceCoords:
         """Read slot `slot` of the schedule and the sequence's start and length per side;
@@ -191,9 +213,11 @@ class SequenceView:
         lengths: dict[str, SSAValue] = {}
         for side, cu in self.cu.items():
             assert cu.ptr is not None
-            start = b.load(cu.ptr, b.mul(seq, cu.strides[0]), mask=real, other=0, name=f"{side}_seq_start")
-            end = b.load(cu.ptr, b.mul(b.add(seq, 1), cu.strides[0]), mask=real, other=0)
-            lengths[side] = b.sub(end, start, name=f"{side}_seq_len")
+            total = self.tokens[side].value
+            assert total is not None
+            start, lengths[side] = clamped_bounds(
+                b, b.load(cu.ptr, b.mul(seq, cu.strides[0]), mask=real, other=0),
+                b.load(cu.ptr, b.mul(b.add(seq, 1), cu.strides[0]), mask=real, other=0), total, side)
             tensors = self.rows.q_rows if side == "q" else self.rows.k_rows
             for arg in self.sig.args:
                 if isinstance(arg, TensorArg) and any(arg.host is t for t in tensors):

@@ -14,10 +14,13 @@ first call of a shape class, like every argument (no synchronisation); their val
 clamp lengths and page numbers so that bad values give wrong numbers, never reads
 outside the tensors.
 
-The kernels of a packed batch trust its cu_seqlens: `N + 1` int32 entries rising from 0
-to the token count of their side, with as many sequences for q as for k. Entries that
-break this would send kernels out of bounds, so their values are checked on every call,
-on a host copy: on a GPU, one small device-to-host copy per call, a synchronisation.
+A packed batch's cu_seqlens must be `N + 1` int32 entries rising from 0 to the token
+count of their side, with as many sequences for q as for k. The entry counts are shape
+checks (always); the values are checked on every call on a host copy (`segment_values`:
+on a GPU, one small device-to-host copy per call, a synchronisation) unless
+`check_segments` is off, and never while a CUDA graph is being captured (a copy to the
+host cannot be captured). The kernels clamp every sequence to the tokens of its side,
+so unchecked bad entries give wrong numbers, never accesses outside the tensors.
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ class ArgumentChecker:
         """(block table, kv_lens) argument indices of a paged KV cache."""
         self.check_pages = False
         """Check the block table's and kv_lens' values on every call (`page_values`)."""
+        self.check_segments = True
+        """Check the cu_seqlens values on every call (`segment_values`)."""
         self.scalar_params = [p for p in self.parameters if not isinstance(p.type, TensorType)]
 
     def scalars(self, args: Sequence[Any]) -> Sequence[Any]:
@@ -190,7 +195,9 @@ class ArgumentChecker:
 
     def segment_values(self, args: Sequence[Any]) -> None:
         """Every cu_seqlens rises from 0 to its side's token count (see the module docstring)."""
-        if not self.segments:
+        if not self.segments or not self.check_segments:
+            return
+        if args[self.segments[0][0].index].is_cuda and torch.cuda.is_current_stream_capturing():
             return
         sizes = self.sizes(args)
         read: dict[int, torch.Tensor] = {}  # one copy to the host per tensor (q's and k's may be one)

@@ -61,6 +61,64 @@ def test_bad_cu_seqlens_name_the_argument(fn: attnfuse.AttentionFunction, case: 
         fn(*[a.clone().requires_grad_() if a.is_floating_point() else a for a in bad])
 
 
+UNCHECKED_SAME_AS_VALID = {
+    "end past the tokens": [0, 4, 7, 13],
+    "end far past": [0, 4, 7, 10**9],
+    "negative start": [-5, 4, 7, 12],
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNCHECKED_SAME_AS_VALID))
+def test_unchecked_values_are_clamped(case: str) -> None:
+    """`check_segment_values = False` (as under CUDA-graph capture): the kernels clamp
+    every sequence to its side's tokens, so entries past the ends give exactly the
+    output (and gradients) of the clamped, valid cu_seqlens."""
+    fn = attnfuse.compile(PROGRAM, pipeline=PIPELINE)
+    fn.check_segment_values = False
+    try:
+        q, k, v, cu_q, cu_k = packed([4, 3, 5], grad=True)
+        want = fn(q, k, v, cu_q, cu_k)
+        want.sum().backward()
+        want_grads = [t.grad.clone() for t in (q, k, v)]  # type: ignore[union-attr]
+        q.grad = k.grad = v.grad = None
+        bad = torch.tensor(UNCHECKED_SAME_AS_VALID[case], dtype=torch.int32)
+        got = fn(q, k, v, cu_q, bad)
+        got.sum().backward()
+        assert torch.equal(got, want)
+        for a, b in zip([q.grad, k.grad, v.grad], want_grads):
+            assert torch.equal(a, b)
+    finally:
+        fn.check_segment_values = True
+
+
+def test_unchecked_overlapping_sequences_stay_in_bounds() -> None:
+    """Unchecked entries that go back and forth make overlapping sequences with more
+    blocks than the schedule has slots: the schedule kernel writes only its slots, and
+    forward and backward complete with finite values."""
+    fn = attnfuse.compile(PROGRAM, pipeline=PIPELINE)
+    fn.check_segment_values = False
+    try:
+        # 13 sequences, 7 of them all 64 keys: 28 key blocks of 16 for the dK/dV
+        # schedule, which has (64 + 13 * 15) // 16 = 16 slots.
+        n = 13
+        q = torch.randn(1, 4, n, 16, requires_grad=True)
+        k, v = (torch.randn(1, 2, 64, 16, requires_grad=True) for _ in range(2))
+        cu_q = torch.arange(n + 1, dtype=torch.int32)
+        cu_k = torch.tensor([0] + [64, 0] * (n // 2) + [64], dtype=torch.int32)
+        out = fn(q, k, v, cu_q, cu_k)
+        out.sum().backward()
+        assert out.shape == q.shape and torch.isfinite(out).all()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v))  # type: ignore[arg-type]
+    finally:
+        fn.check_segment_values = True
+
+
+def test_segment_check_switch_needs_a_packed_program() -> None:
+    plain = attnfuse.compile(attnfuse.attention(2, 16, dtype="f32", name="plain").causal().build())
+    with pytest.raises(ValueError, match="not a packed program"):
+        plain.check_segment_values = False
+
+
 def test_query_side_named_too(fn: attnfuse.AttentionFunction) -> None:
     q, k, v, cu_q, cu_k = packed([4, 3, 5])
     with pytest.raises(attnfuse.AttnfuseArgumentError, match=r"argument 3 'cu_seqlens_q': .*12 query tokens"):

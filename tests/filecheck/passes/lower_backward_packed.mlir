@@ -5,14 +5,14 @@
 
 // CHECK-LABEL: func.func @packed_backward(%q: tensor<1x4x?x64xf16>, %k: tensor<1x2x?x64xf16>, %v: tensor<1x2x?x64xf16>, %cu_q: tensor<?xi32>, %cu_k: tensor<?xi32>, %out: tensor<1x4x?x64xf16>, %lse: tensor<1x4x?xf32>, %d_out: tensor<1x4x?x64xf16>, %d_lse: tensor<1x4x?xf32>)
 // CHECK-SAME:      attributes {attnfuse.grad_of = [0 : i64, 1 : i64, 2 : i64]}
-// CHECK:         host.launch @packed_bwd_schedule_q64[%cu_q_entries, {{.*}}] (%cu_q, %q_schedule64, %q_slots64)
+// CHECK:         host.launch @packed_bwd_schedule_q64[%cu_q_entries, {{.*}}] (%cu_q, %q_len, %q_schedule64, %q_slots64)
 // CHECK:         host.launch @packed_bwd_q_prologue[%q_slots64, {{.*}}] (%q, %q_transformed, %rope_table, %batch, %q_len, %q_schedule64, %cu_q)
-// CHECK:         host.launch @packed_bwd_schedule_k64[%cu_k_entries, {{.*}}] (%cu_k, %k_schedule64, %k_slots64)
+// CHECK:         host.launch @packed_bwd_schedule_k64[%cu_k_entries, {{.*}}] (%cu_k, %kv_len, %k_schedule64, %k_slots64)
 // CHECK:         host.launch @packed_bwd_k_prologue[%k_slots64, {{.*}}] (%k, %k_transformed, %rope_table, %batch, %kv_len, %k_schedule64, %cu_k)
 // CHECK:         %[[GRID:.*]] = arith.ceildivsi %q_len, %{{.*}} : i32
 // CHECK:         host.launch @packed_bwd_preprocess[%[[GRID]], {{.*}}] (%out, %d_out, %d_lse, %delta, %batch, %q_len)
-// CHECK:         host.launch @packed_bwd_schedule_q32[{{.*}}] (%cu_q, %q_schedule32, %q_slots32)
-// CHECK:         host.launch @packed_bwd_schedule_k32[{{.*}}] (%cu_k, %k_schedule32, %k_slots32)
+// CHECK:         host.launch @packed_bwd_schedule_q32[{{.*}}] (%cu_q, %q_len, %q_schedule32, %q_slots32)
+// CHECK:         host.launch @packed_bwd_schedule_k32[{{.*}}] (%cu_k, %kv_len, %k_schedule32, %k_slots32)
 // CHECK:         host.launch @packed_bwd_dq[%q_slots32, {{.*}}] ({{.*}}, %q_schedule32, %cu_q, %cu_k, %d_out, %lse, %delta, %d_q_rotated)
 // CHECK:         host.launch @packed_bwd_dkdv[%k_slots32, {{.*}}] ({{.*}}, %k_schedule32, %cu_q, %cu_k, %d_out, %lse, %delta, %d_k_rotated, %d_v)
 // CHECK:         host.launch @packed_bwd_q_prologue_transpose[%q_slots64, {{.*}}] (%q, %d_q_rotated, %d_q, %rope_table, %batch, %q_len, %q_schedule64, %cu_q)
@@ -22,8 +22,10 @@
 // dQ: the q rows (Q, dO, lse, delta, dQ) start at the query sequence, K and V at the key one.
 // CHECK-LABEL: tile.kernel @packed_bwd_dq(
 // CHECK:         %pid_m = tile.program_id 0 : i32
-// CHECK:         %q_seq_start = tile.load %cu_seqlens_q
-// CHECK:         %k_seq_start = tile.load %cu_seqlens_k
+// CHECK:         tile.load %cu_seqlens_q
+// CHECK:         %q_seq_start = arith.minsi
+// CHECK:         tile.load %cu_seqlens_k
+// CHECK:         %k_seq_start = arith.minsi
 // CHECK:         %q_start = arith.muli %seq_block
 // CHECK:         arith.extsi %q_seq_start
 // CHECK-NEXT:    arith.extsi %Q_stride2
@@ -46,7 +48,8 @@
 
 // The transpose pre-kernel rotates back by local rows too.
 // CHECK-LABEL: tile.kernel @packed_bwd_q_prologue_transpose(
-// CHECK:         %q_seq_start = tile.load %cu_seqlens_q
+// CHECK:         tile.load %cu_seqlens_q
+// CHECK:         %q_seq_start = arith.minsi
 // CHECK:         arith.extsi %q_seq_start
 // CHECK-NEXT:    arith.extsi %X_stride2
 // CHECK:         %X_base = tile.ptr_add %X,

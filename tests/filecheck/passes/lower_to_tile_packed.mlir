@@ -18,10 +18,10 @@
 // HYBRID-NEXT:    %[[C64:.*]] = arith.constant 64 : i32
 // HYBRID-NEXT:    %k_slots64 = arith.divsi %[[BOUND]], %[[C64]] : i32
 // HYBRID-NEXT:    %k_schedule64 = host.alloc %k_slots64 : tensor<?x2xi32>
-// HYBRID:         host.launch @packed_schedule_k64[%cu_k_entries, %{{.*}}, %{{.*}}] (%cu_k, %k_schedule64, %k_slots64) : tensor<?xi32>, tensor<?x2xi32>, i32
+// HYBRID:         host.launch @packed_schedule_k64[%cu_k_entries, %{{.*}}, %{{.*}}] (%cu_k, %kv_len, %k_schedule64, %k_slots64) : tensor<?xi32>, i32, tensor<?x2xi32>, i32
 // HYBRID:         host.launch @packed_k_prologue[%k_slots64, %k_grid_bh, %one] (%k, %k_transformed, %rope_table, %batch, %kv_len, %k_schedule64, %cu_k)
 // HYBRID:         %q_slots64 = arith.divsi
-// HYBRID:         host.launch @packed_schedule_q64[%cu_q_entries, {{.*}}] (%cu_q, %q_schedule64, %q_slots64)
+// HYBRID:         host.launch @packed_schedule_q64[%cu_q_entries, {{.*}}] (%cu_q, %q_len, %q_schedule64, %q_slots64)
 // HYBRID:         host.launch @packed_fwd[%q_slots64, %grid_bh, %one] (%q, %k_transformed, %v, %out, %lse, %{{.*}}, %batch, %q_len, %kv_len, %q_schedule64, %cu_q, %cu_k)
 // HYBRID-NEXT:    func.return %out, %lse
 // HYBRID-NOT:     block_map
@@ -33,7 +33,8 @@
 // HYBRID:         %seq = tile.load %schedule[%{{.*}}] : !tile.ptr<i32>, i32 -> i32
 // HYBRID:         %seq_block = tile.load %schedule[%{{.*}}] : !tile.ptr<i32>, i32 -> i32
 // HYBRID:         %real = arith.cmpi sge, %seq, %{{.*}} : i32
-// HYBRID:         %k_seq_start = tile.load %cu_seqlens_k[%{{.*}}] mask %real other %{{.*}} : !tile.ptr<i32>, i32 -> i32
+// HYBRID:         tile.load %cu_seqlens_k[%{{.*}}] mask %real other %{{.*}} : !tile.ptr<i32>, i32 -> i32
+// HYBRID:         %k_seq_start = arith.minsi %{{.*}}, %S : i32
 // HYBRID:         %k_seq_len = arith.subi %{{.*}}, %k_seq_start : i32
 // HYBRID:         %[[START:.*]] = arith.muli %seq_block, %{{.*}} : i32
 // HYBRID:         %rows = arith.addi %{{.*}}, %{{.*}} : tensor<64xi32>
@@ -54,9 +55,11 @@
 // HYBRID:         %pid_m = tile.program_id 0 : i32
 // HYBRID-NEXT:    %[[ROW:.*]] = arith.muli %pid_m, %schedule_stride0 : i32
 // HYBRID-NEXT:    %seq = tile.load %schedule[%[[ROW]]] : !tile.ptr<i32>, i32 -> i32
-// HYBRID:         %q_seq_start = tile.load %cu_seqlens_q
+// HYBRID:         tile.load %cu_seqlens_q
+// HYBRID:         %q_seq_start = arith.minsi
 // HYBRID:         %q_seq_len = arith.subi
-// HYBRID:         %k_seq_start = tile.load %cu_seqlens_k
+// HYBRID:         tile.load %cu_seqlens_k
+// HYBRID:         %k_seq_start = arith.minsi
 // HYBRID:         %k_seq_len = arith.subi
 // HYBRID:         %q_start = arith.muli %seq_block, %{{.*}} : i32
 // HYBRID:         %[[Q0:.*]] = arith.extsi %q_seq_start : i32 to i64
@@ -76,7 +79,7 @@
 // HYBRID:         %LSE_base = tile.ptr_add %LSE,
 
 // The schedule kernel: one program per sequence (and one for the padding slots).
-// HYBRID-LABEL: tile.kernel @packed_schedule_k64(%cu_seqlens: !tile.ptr<i32>, %cu_seqlens_stride0: i32, %schedule: !tile.ptr<i32>, %schedule_stride0: i32, %schedule_stride1: i32, %slots: i32)
+// HYBRID-LABEL: tile.kernel @packed_schedule_k64(%cu_seqlens: !tile.ptr<i32>, %cu_seqlens_stride0: i32, %tokens: i32, %schedule: !tile.ptr<i32>, %schedule_stride0: i32, %schedule_stride1: i32, %slots: i32)
 // HYBRID:         %seq = tile.program_id 0 : i32
 // HYBRID:         %first = scf.for %j0 = %{{.*}} to %seq step %{{.*}} iter_args(%{{.*}}) -> (i32) : i32 {
 // HYBRID:           tile.reduce sum
