@@ -27,17 +27,18 @@ Partitions (`gl.warp_specialize`):
         S^T  = K_w Q^T                 wgmma, smem x smem (Q permuted), [64 keys, 64 q]
         dP^T = V_w dO^T                wgmma, smem x smem, issued before S^T is waited on
         P^T  = exp2(c S^T - log2(e) lse[q]), causal mask on the two diagonal tiles
+                                       (overlaps the dP^T wgmma)
+        dS^T = P^T * (dP^T - delta[q])  (f32, then bf16)
         dV  += P^T dO                  wgmma, P^T from registers (bf16), dO from smem
-        dS^T = P^T * (dP^T - delta[q])
-        dK  += dS^T Q                  wgmma, dS^T from registers
-        dS^T -> shared memory rows [64w, 64w + 64) of the double-buffered ds_smem[it % 2]
+        dS^T -> this warpgroup's rows [64w, 64w + 64) of the double-buffered ds_smem[it % 2]
                 (`ds_ready` / `ds_free`: 2 arrivals, one per warpgroup)
+        dK  += dS^T Q                  wgmma, dS^T from those ds_smem rows, Q from smem
+        (wait dV, dK; arrive `empty[st]`; wait `ds_ready`: the other warpgroup's rows)
         dQ[:, 64w:64w+64] = dS K[:, 64w:64w+64]   wgmma, A = ds_smem permuted (all 128 keys
                 of both warpgroups), B = a column slice of K; K-dim 128
         dQ * scale -> dq_smem[w] (f32) -> TMA reduce-add into dQacc[q tile, 64w:64w+64]
-    The wgmma results are waited on in issue order (S^T, dP^T, then dV/dK, then dQ); the
-    previous tile's reduce must have read dq_smem[w] before it is overwritten
-    (`tma.store_wait(0)`), which leaves one tile of compute to hide it.
+    Before dq_smem[w] is overwritten, the previous tile's reduce must have read it
+    (`tma.store_wait(0)`), which leaves one tile of compute to hide the reduce.
   Epilogue: each warpgroup writes its dV rows, then dK * scale, as bf16 into its own
   dq_smem slot (reinterpreted as [64, 128] bf16) and TMA-stores them.
   The 5 matmuls per (q tile, key block) are FA3's; dQ crosses CTAs through
@@ -65,7 +66,11 @@ gl.warp_specialize with per-partition register budgets (setmaxnreg); TMA loads
 `warpgroup_mma` (async, A from registers or from shared memory, A transposed through
 `permute`, B as a column `slice` of a 128B-swizzled tile) and `warpgroup_mma_wait`;
 mbarriers between the two consumer warpgroups; `fence_async_shared`; TMA stores and
-`tma.store_wait`; `shared_memory_descriptor._reinterpret`. The TMA reduce-add has no
+`tma.store_wait`; `shared_memory_descriptor._reinterpret`. No explicit `gl.thread_barrier`: Triton's membar
+pass already puts the partition's `bar.sync` around every `mbarrier.arrive` (so all 128
+threads' shared stores and wgmma waits precede the one arriving thread) and after every
+`tma.store_wait` (checked in the PTX: the same 27 `bar.sync` with or without explicit
+ones). The TMA reduce-add has no
 Gluon wrapper in 3.6 (`hopper.tma` exports copies and `store_wait` only; upstream later
 added `tma.async_atomic_add`), but the Gluon builder binds
 `create_async_tma_reduce(kind, desc, coord, src)` (`ttng.async_tma_reduce`, lowered to
@@ -242,7 +247,6 @@ def _consumer(dq_desc, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, lse_sm
         ds_mine = ds_smem.index(buf).slice(WG * KW, KW, dim=0)
         ds_mine.store(ds16)
         fence_async_shared()
-        gl.thread_barrier()
         mbarrier.arrive(ds_ready.index(buf))
         dk_tok = warpgroup_mma(ds_mine, q_t, dk, is_async=True)
         dv, dk, p16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16])
@@ -250,25 +254,20 @@ def _consumer(dq_desc, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, lse_sm
         mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
         dq_tok = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=[dq_tok])
-        gl.thread_barrier()
         mbarrier.arrive(ds_free.index(buf))
         tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq
-        gl.thread_barrier()
         my_dq.store(dq * SM_SCALE)
         fence_async_shared()
         _tma_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)
 
     # epilogue: dV, then dK * scale, through this warpgroup's own dQ staging tile
-    dv16 = dv.to(dtype)
     tma.store_wait(pendings=0)
-    gl.thread_barrier()
     out = my_dq._reinterpret(dtype, [KW, D], dv_desc.layout)
     out_row = (batch * HKV + kvh) * S + key0
-    out.store(dv16)
+    out.store(dv.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(dv_desc, [out_row, 0], out)
     tma.store_wait(pendings=0)
-    gl.thread_barrier()
     out.store((dk * SM_SCALE).to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(dk_desc, [out_row, 0], out)
