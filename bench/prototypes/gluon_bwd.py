@@ -66,13 +66,14 @@ gl.warp_specialize with per-partition register budgets (setmaxnreg); TMA loads
 `warpgroup_mma` (async, A from registers or from shared memory, A transposed through
 `permute`, B as a column `slice` of a 128B-swizzled tile) and `warpgroup_mma_wait`;
 mbarriers between the two consumer warpgroups; `fence_async_shared`; TMA stores and
-`tma.store_wait`; `shared_memory_descriptor._reinterpret`. No explicit `gl.thread_barrier`: Triton's membar
-pass already puts the partition's `bar.sync` around every `mbarrier.arrive` (so all 128
-threads' shared stores and wgmma waits precede the one arriving thread) and after every
-`tma.store_wait` (checked in the PTX: the same 27 `bar.sync` with or without explicit
-ones). The TMA reduce-add has no
-Gluon wrapper in 3.6 (`hopper.tma` exports copies and `store_wait` only; upstream later
-added `tma.async_atomic_add`), but the Gluon builder binds
+`tma.store_wait`; `shared_memory_descriptor._reinterpret`. No explicit
+`gl.thread_barrier`: Triton's membar pass already puts the partition's `bar.sync` around
+every `mbarrier.arrive` (so all 128 threads' shared stores and wgmma waits precede the one
+arriving thread) and after every `tma.store_wait` (checked in the PTX: the same 27
+`bar.sync` with or without explicit ones). The TMA reduce-add has no Gluon wrapper in
+3.6 (`hopper.tma` exports the two copies and `store_wait` only; newer Gluon sources seen
+in a code search have `tma.async_atomic_add`, not checked against a release), but the
+Gluon builder binds
 `create_async_tma_reduce(kind, desc, coord, src)` (`ttng.async_tma_reduce`, lowered to
 `cp.reduce.async.bulk.tensor`): `_tma_reduce_add` below is that one call as a builtin.
 
@@ -103,6 +104,12 @@ Plan for a lowering (only if the GPU run beats cuDNN's bprop kernel)
    the dQ Triton kernel is dropped on this path.
 4. Tests as for the forward: the template compiles for sm_90 for every eligible program
    (this file's test), CPU calls keep the Triton kernels, and tests/gpu/ checks gradients.
+5. A deterministic mode (not in the prototype), FA3's way: a per-(q tile, head) counter
+   in global memory; the CTA of key block n waits until it reads n (blocks reduce in key
+   order), reduces, waits for the reduce (`store_wait`), then bumps it.
+First step on the GPU: `python bench/prototypes/gluon_bwd.py --out DIR` (smoke launch in a
+child process with a timeout, then the checks and timings for STAGES 2 and 3;
+DIR/gluon_bwd.json).
 """
 
 from __future__ import annotations
