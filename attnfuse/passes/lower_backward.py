@@ -29,8 +29,8 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
-from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
+from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import DimOp
@@ -272,7 +272,7 @@ class _Builder:
     def _epilogue_ropes(self) -> dict[str, list[RopeOp]]:
         """Per side, the pre-kernel RoPEs that the dQ / dK/dV kernels undo in their
         epilogue (`rotate-in-epilogue`): sides whose pre-kernel transforms are all RoPE
-        over the whole head dim (a power of two, `splittable`), pairing the same columns
+        over the whole head dim, each half a whole tile width (`splittable`), pairing the same columns
         as any rope the kernels apply themselves (their parts layout)."""
         sides = {"q": self.program.q.transforms, "k": self.program.k.transforms}
         head_dim = _dim(self.program.scores.q.type, 3)

@@ -51,6 +51,7 @@ from xdsl.rewriter import InsertPoint
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.paging import paged_cache
+from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.tile_plan import default_num_warps
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
@@ -63,7 +64,6 @@ from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
-from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.lowering.split_kv import lower_split_kv
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
 from attnfuse.lowering.varlen import PackedHost
