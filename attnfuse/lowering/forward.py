@@ -23,7 +23,7 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.paged import PagedKV, PageView
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, partition, side_layout
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, side_layout
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.lowering.varlen import PackedRows, SequenceView
