@@ -187,7 +187,7 @@ def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, 
 
 def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False) -> Prediction:
     """Predicted time of ``placement`` (forward, or forward + backward)."""
-    b, hq, hkv, s, d = shape.batch, shape.q_heads, shape.kv_heads, shape.seq_len, shape.head_dim
+    b, hq, s, d = shape.batch, shape.q_heads, shape.seq_len, shape.head_dim
     flops = 4.0 * b * hq * min(shape.block_m, s) * visited_kv_rows(shape) * d  # whole tiles
     attention = flops / target.matmul_flops(shape.dtype) * (3.5 if backward else 1.0)
     pre, rotation = _seconds(added_work(shape, placement), shape, target)
