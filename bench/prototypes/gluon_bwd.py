@@ -446,24 +446,6 @@ def _errors(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> dic
     return out
 
 
-def _kernel_us(fn: Callable[[], Any], iters: int = 10) -> dict[str, float]:
-    """GPU microseconds per call of every kernel `fn` launches, by name (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in prof.key_averages():
-        us = (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)) / iters
-        if us:
-            totals[event.key[:90]] = totals.get(event.key[:90], 0.0) + us
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
-
-
 def _inputs(b: int, s: int, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, do = (torch.randn(b, 32, s, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
@@ -494,6 +476,7 @@ def _timing(b: int, s: int, stages: int) -> dict[str, Any]:
     """Backward times (us, triton.testing.do_bench medians) of the Gluon kernel, SDPA
     cuDNN and attnfuse's Triton backward of examples/llama3.attn, with kernel breakdowns."""
     import triton
+    from backward_profile import kernel_times
 
     import attnfuse
 
@@ -517,7 +500,7 @@ def _timing(b: int, s: int, stages: int) -> dict[str, Any]:
     row: dict[str, Any] = {"B": b, "S": s, "stages": stages}
     row["gluon_kernel_plus_zero_us"] = 1e3 * triton.testing.do_bench(kernel_only, warmup=25, rep=200)
     row["gluon_with_delta_zero_cast_us"] = 1e3 * triton.testing.do_bench(with_host_ops, warmup=25, rep=200)
-    row["gluon_kernels"] = _kernel_us(with_host_ops)
+    row["gluon_kernels"] = kernel_times(with_host_ops, 10)
     candidates: dict[str, Callable[..., torch.Tensor]] = {
         "sdpa_cudnn": _sdpa_cudnn,
         "attnfuse_triton_llama3_with_rope": attnfuse.compile(
@@ -531,7 +514,7 @@ def _timing(b: int, s: int, stages: int) -> dict[str, Any]:
             torch.autograd.grad(out, leaves, do, retain_graph=True)
 
         row[f"{name}_backward_us"] = 1e3 * triton.testing.do_bench(backward, warmup=25, rep=200)
-        row[f"{name}_kernels"] = _kernel_us(backward)
+        row[f"{name}_kernels"] = kernel_times(backward, 10)
     row["speedup_vs_sdpa_cudnn"] = row["sdpa_cudnn_backward_us"] / row["gluon_with_delta_zero_cast_us"]
     return row
 
@@ -548,7 +531,8 @@ def main() -> int:
     import subprocess
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # attnfuse
+    root = Path(__file__).resolve().parents[2]
+    sys.path[:0] = [str(root), str(root / "bench")]  # attnfuse, and bench/backward_profile.py's kernel_times
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stages", default="2,3", help="ring depths to check and time")
