@@ -59,14 +59,21 @@ def packed_batch(program: AttentionProgram) -> PackedBatch | None:
             raise ProgramError(
                 "attn.rope positions: in a packed batch positions restart at 0 in every sequence "
                 "(add `offset` for a shift); a positions operand is not supported there", op)
+    reject_padded_batch_ops(program, "in a packed batch", document_note=" (cu_seqlens already keep sequences apart)")
+    return packed
+
+
+def reject_padded_batch_ops(program: AttentionProgram, where: str, *, document_note: str = "",
+                            dropout_note: str = "") -> None:
+    """Raise a ProgramError at the first op that a batch without a padded [B, S] layout
+    (packed or paged, `where`) cannot hold: masks and biases whose operands index that
+    layout, and dropout."""
     for op in program.score_ops:
         if isinstance(op, MaskOp) and (op.kind_name == "document" or (op.kind_name == "prefix_lm" and op.args)):
             raise ProgramError(
                 f"attn.mask {op.kind_name} with an operand indexes a padded [B, S] batch: not supported "
-                "in a packed batch (cu_seqlens already keep sequences apart)", op)
+                f"{where}{document_note}", op)
         if isinstance(op, BiasOp) and op.kind_name == "tensor":
-            raise ProgramError("attn.bias tensor indexes a padded [B, H, Sq, Skv] batch: not supported "
-                               "in a packed batch", op)
+            raise ProgramError(f"attn.bias tensor indexes a padded [B, H, Sq, Skv] batch: not supported {where}", op)
     if program.dropout is not None or (program.online is not None and program.online.dropout_seed is not None):
-        raise ProgramError("attn.dropout is not supported in a packed batch", program.dropout or program.online)
-    return packed
+        raise ProgramError(f"attn.dropout is not supported {where}{dropout_note}", program.dropout or program.online)

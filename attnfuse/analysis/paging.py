@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import TensorType
 from xdsl.ir import SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn import BiasOp, MaskOp
+from attnfuse.analysis.packing import reject_padded_batch_ops
 from attnfuse.dialects.attn_paged import verify_page_pool
 from attnfuse.program import AttentionProgram, ProgramError
 
@@ -73,17 +73,7 @@ def paged_cache(program: AttentionProgram) -> PagedCache | None:
         raise ProgramError(
             f"{op.name} on K of a paged KV cache would transform the whole cache on every call: "
             "store keys transformed (attnfuse.inference.append_paged_kv rotates them)", op)
-    for op in program.score_ops:
-        if isinstance(op, MaskOp) and (op.kind_name == "document" or (op.kind_name == "prefix_lm" and op.args)):
-            raise ProgramError(
-                f"attn.mask {op.kind_name} with an operand indexes a padded [B, S] batch: not supported "
-                "with a paged KV cache", op)
-        if isinstance(op, BiasOp) and op.kind_name == "tensor":
-            raise ProgramError("attn.bias tensor indexes a padded [B, H, Sq, Skv] batch: not supported "
-                               "with a paged KV cache", op)
-    if program.dropout is not None or (program.online is not None and program.online.dropout_seed is not None):
-        raise ProgramError("attn.dropout is not supported with a paged KV cache (inference)",
-                           program.dropout or program.online)
+    reject_padded_batch_ops(program, "with a paged KV cache", dropout_note=" (inference)")
     return paged
 
 
