@@ -53,7 +53,8 @@ KERNEL_SCALAR_TYPES = ("i32", "i64", "f32")
 
 @irdl_attr_definition
 class TmaDescType(ParametrizedAttribute, TypeAttribute):
-    """A 2-D TMA tensor descriptor argument with block shape `block`.
+    """A TMA tensor descriptor argument with block shape `block`: 2-D over the [rows, last
+    dim] view of a tensor, or 1-D over its flat view.
 
     ```mlir
     %k_desc: !tile_hopper.tma<bf16, [128, 128]>
@@ -87,8 +88,8 @@ class TmaDescType(ParametrizedAttribute, TypeAttribute):
         printer.print_string(", [" + ", ".join(map(str, self.shape)) + "]>")
 
     def verify(self) -> None:
-        if not is_element_type(self.element) or len(self.shape) != 2:
-            raise VerifyException("!tile_hopper.tma needs an element type and a 2-D block shape")
+        if not is_element_type(self.element) or len(self.shape) not in (1, 2):
+            raise VerifyException("!tile_hopper.tma needs an element type and a 1-D or 2-D block shape")
 
 
 def _print_signature(printer: Printer, block: Block) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from xdsl.dialects.builtin import f32
 from xdsl.ir import SSAValue
 
-from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, QKNormOp, RopeOp, TilePlanAttr
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.forward import (
@@ -395,52 +395,19 @@ class DkvKernel(_Recompute):
         return walk_block_map(self.b, self.map_args, self.bspec.kv_block_map.per_head, self.base.hq, batch, head,
                               pid_n, self.base.block_m, state, tile, "q_block", "start_m")
 
-    def _q_range(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> tuple[Value, Value]:
-        """Query rows whose band can reach keys [n_start, n_start + BN): the tile plan inverted."""
-        b, online = self.b, self.online
-        bm, bn = self.base.block_m, self.base.block_n
-        (lower, upper), prefix = online.plan.get_band(), online.plan.get_prefix()
-        diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
-        lo: Value = 0
-        hi: Value = q_len
-        if upper is not None:  # kv - q - diag <= upper  =>  q >= kv - diag - upper
-            first = b.maximum(b.sub(b.sub(n_start, diag), int(upper)), 0)
-            lo = b.mul(b.div(first, bm), bm, name="q_lo")
-        if lower is not None:  # kv - q - diag >= lower  =>  q <= kv - diag - lower
-            last = b.sub(b.sub(b.add(n_start, bn - 1), diag), int(lower))
-            hi = b.minimum(q_len, b.maximum(b.add(last, 1), 0), name="q_hi")
-        if upper is not None and prefix is None:
-            # No query of the block is kept when the band ends before the first query.
-            hi = b.where(b.ge(b.sub(b.sub(n_start, diag), int(upper)), q_len), lo, hi)
-        if prefix is not None and upper is not None:
-            # Keys below the prefix are visible to every query.
-            prefix_v = self.base.prefix_value(self.batch) if int(prefix) < 0 else int(prefix)
-            lo = b.where(b.lt(n_start, prefix_v), 0, lo)
-        return lo, hi
-
     def _q_ranges(self, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> list[tuple[Value, Value, bool]]:
-        """[(lo, hi, full)]: the q blocks of `_q_range`, split where the tile plan is exact
-        into masked blocks, blocks inside every planned mask (no mask code) and masked
-        blocks again."""
-        b, online = self.b, self.online
-        bm, bn = self.base.block_m, self.base.block_n
-        lo, hi = self._q_range(n_start, q_len, kv_len)
-        lower, upper = online.plan.get_band()
-        if not self.full_tiles or online.plan.get_prefix() is not None:
+        """[(lo, hi, full)]: the q blocks whose band reaches this kv block, split where the
+        tile plan is exact into masked blocks, blocks inside every planned mask (no mask
+        code) and masked blocks again."""
+        plan, base = self.online.plan, self.base
+        prefix = plan.get_prefix()
+        prefix_v: Value | None = None
+        if prefix is not None:
+            prefix_v = base.prefix_value(self.batch) if int(prefix) < 0 else int(prefix)
+        lo, f0, f1, hi = q_walk(self.b, plan, n_start, q_len, kv_len, base.block_m, base.block_n,
+                                split=self.full_tiles and prefix is None, prefix=prefix_v)
+        if f0 is None:
             return [(lo, hi, False)]
-        diag: Value = b.sub(kv_len, q_len) if online.plan.is_bottom_right() else 0
-        full_lo: Value = lo
-        if upper is not None:  # every key of the block kept from above: q >= n_start + bn - 1 - diag - upper
-            first = b.maximum(b.sub(b.sub(b.add(n_start, bn - 1), diag), int(upper)), 0)
-            full_lo = b.mul(b.div(b.add(first, bm - 1), bm), bm)
-        full_hi: Value = b.mul(b.div(q_len, bm), bm)
-        if lower is not None:  # and from below: q <= n_start - diag - lower
-            last = b.sub(b.sub(n_start, diag), int(lower))
-            full_hi = b.minimum(full_hi, b.mul(b.div(b.maximum(b.add(last, 1), 0), bm), bm))
-        # Keys past the end make the whole block partial.
-        keys_in = b.le(b.add(n_start, bn), kv_len)
-        f0 = b.minimum(b.maximum(full_lo, lo), hi, name="q_full_lo")
-        f1 = b.where(keys_in, b.minimum(b.maximum(full_hi, f0), hi), f0, name="q_full_hi")
         return [(lo, f0, False), (f0, f1, True), (f1, hi, False)]
 
     def _tile(self, start_m: SSAValue, state: list[SSAValue], batch: SSAValue, head: SSAValue,
@@ -494,6 +461,45 @@ class DkvKernel(_Recompute):
         return out
 
 
+def q_walk(b: TileBuilder, plan: TilePlanAttr, n_start: SSAValue, q_len: SSAValue, kv_len: SSAValue, bm: int,
+           bn: int, *, split: bool, prefix: Value | None = None) -> tuple[Value, Value | None, Value | None, Value]:
+    """(lo, full_lo, full_hi, hi): the query rows whose band can reach keys [n_start,
+    n_start + bn) (the tile plan inverted, `lo` a multiple of `bm`), and with `split` the
+    rows [full_lo, full_hi) (multiples of `bm` inside it) whose blocks see every key of
+    the block inside every planned mask; None for both without `split`. `prefix` is
+    the prefix-LM length when the plan has one (keys below it are visible to every query)."""
+    (lower, upper) = plan.get_band()
+    diag: Value = b.sub(kv_len, q_len) if plan.is_bottom_right() else 0
+    lo: Value = 0
+    hi: Value = q_len
+    if upper is not None:  # kv - q - diag <= upper  =>  q >= kv - diag - upper
+        first = b.maximum(b.sub(b.sub(n_start, diag), int(upper)), 0)
+        lo = b.mul(b.div(first, bm), bm, name="q_lo")
+    if lower is not None:  # kv - q - diag >= lower  =>  q <= kv - diag - lower
+        last = b.sub(b.sub(b.add(n_start, bn - 1), diag), int(lower))
+        hi = b.minimum(q_len, b.maximum(b.add(last, 1), 0), name="q_hi")
+    if upper is not None and prefix is None:
+        # No query of the block is kept when the band ends before the first query.
+        hi = b.where(b.ge(b.sub(b.sub(n_start, diag), int(upper)), q_len), lo, hi)
+    if prefix is not None and upper is not None:
+        lo = b.where(b.lt(n_start, prefix), 0, lo)
+    if not split:
+        return lo, None, None, hi
+    full_lo: Value = lo
+    if upper is not None:  # every key of the block kept from above: q >= n_start + bn - 1 - diag - upper
+        first = b.maximum(b.sub(b.sub(b.add(n_start, bn - 1), diag), int(upper)), 0)
+        full_lo = b.mul(b.div(b.add(first, bm - 1), bm), bm)
+    full_hi: Value = b.mul(b.div(q_len, bm), bm)
+    if lower is not None:  # and from below: q <= n_start - diag - lower
+        last = b.sub(b.sub(n_start, diag), int(lower))
+        full_hi = b.minimum(full_hi, b.mul(b.div(b.maximum(b.add(last, 1), 0), bm), bm))
+    # Keys past the end make the whole block partial.
+    keys_in = b.le(b.add(n_start, bn), kv_len)
+    f0 = b.minimum(b.maximum(full_lo, lo), hi, name="q_full_lo")
+    f1 = b.where(keys_in, b.minimum(b.maximum(full_hi, f0), hi), f0, name="q_full_hi")
+    return lo, f0, f1, hi
+
+
 def store_weight_partial(b: TileBuilder, arg: TensorArg, slot: SSAValue, part: Part, column_sums: SSAValue) -> None:
     """Row `slot` of a [programs, D] partial-sum buffer, at the part's columns."""
     assert arg.ptr is not None
@@ -502,5 +508,5 @@ def store_weight_partial(b: TileBuilder, arg: TensorArg, slot: SSAValue, part: P
     b.store(row, b.mul(cols, arg.strides[1]), column_sums, mask=in_range)
 
 
-__all__ = ["BackwardSpec", "DkvKernel", "DqKernel", "GradBuffers",
+__all__ = ["BackwardSpec", "DkvKernel", "DqKernel", "GradBuffers", "q_walk",
            "BiasOp", "QKNormOp", "RopeOp", "SideContext", "SideTransforms"]

@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import logging
 
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, FunctionType, TensorType, f32, i32
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, ScoreModOp, SoftcapOp
-from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, ReturnOp, TmaDescType
-from attnfuse.dialects.tile_types import PtrType
+from attnfuse.dialects.tile_builder import Value
+from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.forward import LOG2E, ForwardSpec
 from attnfuse.lowering.hopper_template import TEMPLATE
 from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
-from attnfuse.lowering.signature import KernelSignature, TensorArg
+from attnfuse.lowering.signature import KernelSignature
 
 BLOCK_M = 128
 """Query rows per CTA (two consumer warpgroups of 64)."""
@@ -94,7 +94,7 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
     return None
 
 
-class HopperForward:
+class HopperForward(DeviceFunctions):
     """Builds the `tile_hopper.kernel` and device functions of a forward spec."""
 
     def __init__(self, spec: ForwardSpec, name: str) -> None:
@@ -129,46 +129,9 @@ class HopperForward:
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
 
-    # ------------------------------------------------------------------ arguments
-
-    def _decls(self) -> list[tuple[str, Attribute]]:
-        decls: list[tuple[str, Attribute]] = []
-        for arg in self.sig.args:
-            if isinstance(arg, TensorArg):
-                assert isinstance(arg.host.type, TensorType)
-                decls.append((arg.name, PtrType(arg.host.type.element_type)))
-                decls += [(f"{arg.name}_stride{i}", i32) for i in range(arg.rank)]
-            else:
-                decls.append((arg.name, arg.type))
-        return decls
-
     def host_operands(self) -> list[SSAValue]:
         """Operands of the kernel's `host.launch`: K, V, Out (descriptors), then the rest."""
         return [self.spec.k, self.spec.v, self.spec.out, *self.sig.host_operands()]
-
-    def _function(self, suffix: str, leading: list[tuple[str, Attribute]]) -> tuple[FuncOp, TileBuilder]:
-        """A device function taking `leading` then every kernel argument, bound to the
-        signature (its tensors and scalars now read this function's arguments)."""
-        decls = leading + self._decls()
-        op = FuncOp(f"{self.name}_{suffix}", [t for _, t in decls], [])
-        for arg, (arg_name, _) in zip(op.args, decls):
-            arg.name_hint = arg_name
-        values = iter(op.args[len(leading):])
-        for arg in self.sig.args:
-            if isinstance(arg, TensorArg):
-                arg.ptr = next(values)
-                arg.strides = [next(values) for _ in range(arg.rank)]
-            else:
-                arg.value = next(values)
-        return op, TileBuilder(op)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _finish(op: FuncOp, b: TileBuilder, *results: SSAValue) -> FuncOp:
-        b.insert(ReturnOp(*results))
-        op.properties["function_type"] = FunctionType.from_lists(
-            op.function_type.inputs.data, [r.type for r in results])
-        op.verify()
-        return op
 
     # ------------------------------------------------------------------ device functions
 

@@ -17,6 +17,7 @@ weights, bias tensors, ALiBi slopes given as an operand, sink logits.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -43,6 +44,8 @@ from attnfuse.lowering.backward import (
 )
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
+from attnfuse.lowering.hopper_backward import HopperBackward, lower_hopper_backward
+from attnfuse.lowering.hopper_backward import ineligible_reason as hopper_ineligible_reason
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.preprocess import build_preprocess
@@ -53,6 +56,9 @@ from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.lowering.varlen import PackedHost, PackedRows
 from attnfuse.passes.lower_to_tile import _in_kernel, _pre_kernel, check_f32_dot
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
+
+
+logger = logging.getLogger(__name__)
 
 
 def _lse_type(out_type: Attribute) -> TensorType:
@@ -72,7 +78,7 @@ class _Builder:
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
-                 f32_dot: str = "ieee") -> None:
+                 f32_dot: str = "ieee", hopper_backward: bool = False) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -103,6 +109,16 @@ class _Builder:
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
+        self.hopper = hopper_backward and self._hopper_eligible(transforms_in_kernel)
+
+    def _hopper_eligible(self, transforms_in_kernel: bool) -> bool:
+        p = self.program
+        kernel_transforms = bool(self.in_kernel(p.q.transforms) or self.in_kernel(p.k.transforms))
+        reason = hopper_ineligible_reason(p, kernel_transforms=kernel_transforms,
+                                          packed=packed_batch(p) is not None, count_tiles=self.count_tiles)
+        if reason is not None:
+            logger.debug("@%s: Hopper backward schedule not used: %s", self.name, reason)
+        return reason is None
 
     def pre(self, transforms: list) -> list:
         """Transforms the backward recomputes in pre-kernels.
@@ -192,8 +208,9 @@ class _Builder:
                 if isinstance(op, QKNormOp) and op.weight is not None:
                     store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
-        epilogue = self._epilogue_ropes()
-        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
+        # The Hopper schedule adds dQ into a zeroed f32 buffer; its transposes (or a cast) follow.
+        epilogue = self._epilogue_ropes() if not self.hopper else {"q": [], "k": []}
+        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]), accumulate=self.hopper)
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = kv_block_map = None
@@ -219,17 +236,25 @@ class _Builder:
         dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
         spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
                             q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
+        use_hopper: SSAValue | None = None
+        if self.hopper:
+            hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
+                                    host_table=host.table, planned=planned, remap=self.remap)
+            use_hopper, ops = lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
+                                                    k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one)
+            self.kernels.extend(ops)
         dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
         self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch,
-                     dq_rows)
+                     dq_rows, when=use_hopper)
         dkv_rows = self._rows("k", self.block_n, q_rows, k_rows)
         dkv_kernel = DkvKernel(replace(spec, forward=replace(fwd_spec, packed=dkv_rows)), f"{self.name}_bwd_dkdv")
         self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
-                     self.block_n, k, batch, dkv_rows)
+                     self.block_n, k, batch, dkv_rows, when=use_hopper)
 
         side_weight_grads: dict[int, SSAValue] = {}
         if not epilogue["q"]:
             d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, side_weight_grads)
+        d_q = host.convert(d_q, _dyn(q.type), "d_q") if self.hopper else d_q  # type: ignore[arg-type]
         if not epilogue["k"]:
             d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, side_weight_grads)
         self._result(d_q, p.q.arg_index)
@@ -254,14 +279,16 @@ class _Builder:
     # ------------------------------------------------------------------ helpers
 
     def _launch(self, name: str, kernel: Operation, operands: list[SSAValue], length: SSAValue,
-                block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None) -> None:
-        """Launch over blocks of `length` (or the slots of `packed`'s schedule) x batch x heads."""
+                block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None,
+                when: SSAValue | None = None) -> None:
+        """Launch over blocks of `length` (or the slots of `packed`'s schedule) x batch x
+        heads; with `when`, only where it does not hold (the Hopper schedule runs there)."""
         if kernel not in self.kernels:
             self.kernels.append(kernel)
         heads = _dim(heads_of.type, 1)
         blocks = packed.schedule.slots if packed is not None else self.host.cdiv(length, block, "grid_0")
         grid = [blocks, self.host.mul(batch, heads, "grid_1"), self.host.const(1, "one")]
-        self.host.launch(name, grid, operands)
+        self.host.launch(name, grid, operands, when=when, unless=when is not None)
 
     def _rows(self, side: str, block: int, q_rows: tuple[SSAValue, ...] = (),
               k_rows: tuple[SSAValue, ...] = ()) -> PackedRows | None:
@@ -287,12 +314,14 @@ class _Builder:
         return chosen
 
     def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue,
-                     final: bool) -> SSAValue:
+                     final: bool, *, accumulate: bool = False) -> SSAValue:
         """The dQ / dK buffer of the main kernels: the gradient itself, or (when a transpose
-        pre-kernel follows) an f32 gradient with respect to the transformed rows."""
+        pre-kernel follows) an f32 gradient with respect to the transformed rows;
+        `accumulate`: a zeroed f32 buffer that kernels add into."""
         rotated = bool(self.pre(transforms)) and not final
-        ty = _f32_like(source.type) if rotated else source.type
-        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, f"d_{tag}_rotated" if rotated else f"d_{tag}")
+        ty = _f32_like(source.type) if rotated or accumulate else source.type
+        name = f"d_{tag}_rotated" if rotated else f"d_{tag}_f32" if accumulate else f"d_{tag}"
+        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, name, zero=accumulate)
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
@@ -414,6 +443,12 @@ class LowerBackwardPass(ModulePass):
     keep full-width dots; the epilogue splits the gradient into the rope's halves
     (`qk_side.split_parts`). Until run 16 the rotation used the half-split layout in the
     whole loop, whose half-width dots made it slower (docs/benchmarks.md)."""
+    hopper_backward: bool = False
+    """Also build the warp-specialized Gluon backward (`lowering/hopper_backward.py`: dQ,
+    dK and dV in one kernel, 5 matmuls per tile pair instead of 7) for the programs it
+    serves, run on sm_90 for shape classes whose operands TMA can read (the Triton
+    kernels otherwise). dQ is summed across CTAs by TMA reduce-adds in no fixed order, so
+    results are not bitwise reproducible: off by default."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)
@@ -439,7 +474,7 @@ class LowerBackwardPass(ModulePass):
                                DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                           self.dkdv_block_map),
                                self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
-                               self.f32_dot)
+                               self.f32_dot, self.hopper_backward)
             try:
                 backward = builder.build()
             except RegionLoweringError as err:

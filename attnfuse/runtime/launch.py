@@ -4,7 +4,7 @@
 sizes, constant tables and buffers that a plan keeps are filled in; `fill` lists the
 positions of the tensors and scalars that change from call to call, `descriptors` the
 TMA descriptor arguments (Gluon kernels), built on every call from a tensor slot as a
-2-D view over its last dim with the block's default NVMMA shared layout.
+2-D view over its last dim (the flat view for a 1-D block) with the block's default NVMMA shared layout.
 
 On a GPU the first launch goes through `JITFunction.run`, which binds, specializes and
 compiles (or finds the compiled kernel in Triton's caches) and returns the
@@ -88,7 +88,7 @@ class KernelLaunch:
 
     def _descriptors(self, args: list[Any], slots: list[Any]) -> None:
         """TMA descriptors of this call's tensors. Shapes are fixed by the plan: the layout
-        and the 2-D view's shape and strides are computed at the first call."""
+        and the view's shape and strides are computed at the first call."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         if self.descriptors[0][3] is None:
@@ -102,6 +102,8 @@ class KernelLaunch:
         from triton.experimental.gluon import language as gl
 
         layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(tensor.dtype).removeprefix("torch.")))
+        if len(block) == 1:  # the flat view
+            return position, slot, block, (layout, [tensor.numel()], [1])
         cols = tensor.shape[-1]
         return position, slot, block, (layout, [tensor.numel() // cols, cols], [cols, 1])
 

@@ -555,10 +555,10 @@ def main() -> int:
         result["compile_sm90"][stages] = gluon_resources(compile_for_sm90(stages))
         try:
             done = subprocess.run([sys.executable, __file__, "--out", str(a.out), "--smoke", str(stages)],
-                                  capture_output=True, text=True, timeout=120)
+                                  capture_output=True, text=True, timeout=90)
             result["smoke"][stages] = {"rc": done.returncode, "stderr": done.stderr[-3000:]}
         except subprocess.TimeoutExpired:
-            result["smoke"][stages] = {"rc": None, "error": "timed out after 120 s (deadlock?)"}
+            result["smoke"][stages] = {"rc": None, "error": "timed out after 90 s (deadlock?)"}
         if result["smoke"][stages]["rc"] == 0:
             runnable.append(stages)
         save()

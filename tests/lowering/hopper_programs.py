@@ -20,6 +20,12 @@ def pipeline(strategy: str = "hybrid", hopper: bool = True) -> str:
     return f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling,{lower}"
 
 
+def backward_pipeline(strategy: str = "hybrid", hopper: bool = True, forward_hopper: bool = True) -> str:
+    """`pipeline` with lower-backward, its Hopper schedule on or off."""
+    backward = "lower-backward{hopper-backward=true}" if hopper else "lower-backward"
+    return pipeline(strategy, forward_hopper).replace("mask-tiling,", f"mask-tiling,{backward},")
+
+
 def _gemma2_like() -> str:
     """Gemma-2 score ops (softcap 50, causal + sliding window) at head dim 128."""
     b = Builder("gemma2_like", hq=16, hkv=8, d=128, dtype="bf16")
@@ -109,3 +115,20 @@ INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "d96": (_d96(), pipeline(), "head dims 96/96"),
     "interleaved": (_interleaved(), pipeline(), "not half-style"),
 }
+
+
+BACKWARD_ELIGIBLE = ["llama3", "llama3_1", "qwen3", "window", "bottom_right", "d64"]
+"""Programs of `ELIGIBLE` the Hopper backward schedule serves (`backward_pipeline()`)."""
+
+BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
+    "gemma2_like": (_gemma2_like(), backward_pipeline(), "score op attn.softcap"),
+    "alibi": ((EXAMPLES / "alibi.attn").read_text(), backward_pipeline(), "score op attn.bias"),
+    "score_mod": (_score_mod(), backward_pipeline(), "score op attn.score_mod"),
+    "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), backward_pipeline(), "attention sinks"),
+    "document": ((EXAMPLES / "document.attn").read_text(), backward_pipeline(), "runtime block map"),
+    "d96": (_d96(), backward_pipeline(), "head dims 96/96"),
+    "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), backward_pipeline(), "not all bf16 or all f16"),
+    "llama3_in_kernel": ((EXAMPLES / "llama3.attn").read_text(), backward_pipeline("fused").replace(
+        "hopper-backward=true", "hopper-backward=true transforms-in-kernel=true"), "transforms-in-kernel"),
+}
+"""name -> (program text, pipeline, a fragment of the reason logged)."""

@@ -31,7 +31,7 @@ def _descriptor_type(signature: str, block: tuple[int, ...]) -> str:
     element = re.match(r"tensordesc<(\w+)\[", signature)
     assert element is not None, signature
     name = _DTYPES[element.group(1)]
-    tensor = torch.empty(block[0] * 2, block[1], dtype=getattr(torch, name))
+    tensor = torch.empty(block[0] * 2, *block[1:], dtype=getattr(torch, name))
     layout = gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, name))
     return mangle_type(TensorDescriptor.from_tensor(tensor, list(block), layout))
 
@@ -98,6 +98,7 @@ def gluon_resources(compiled: Any) -> dict[str, Any]:
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
         "tma_load": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)),
         "tma_store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
+        "tma_reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
         "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
     }
 

@@ -1,0 +1,194 @@
+"""The Hopper backward schedule: dQ, dK and dV in one warp-specialized Gluon kernel.
+
+For programs it serves (`ineligible_reason` says which and why not), `HopperBackward`
+builds a `tile_hopper.kernel` from the template of `hopper_backward_template.py` and
+the tile-IR device functions the template calls:
+
+* `<name>_range`: the q walk of a block of 128 keys from the tile plan's band (first
+  query row, number of 64-row tiles, and the rows [full_lo, full_hi) whose tiles need
+  no mask), the transpose of the forward's KV walk (`backward.q_walk`);
+* `<name>_mask`: the planned masks on an S^T tile (keys along dim 0).
+
+Q, dO, K, V, LSE, delta and the f32 dQ buffer go through TMA descriptors over their
+[rows, D] (or flat) views, so the kernel serves contiguous operands with both lengths
+multiples of 128 (`host.tma_ready` decides per shape class; the Triton dQ and dK/dV
+kernels run otherwise). dQ is accumulated across CTAs by TMA reduce-adds into a zeroed
+f32 buffer: the order of the additions is not fixed, so the schedule is an option
+(`lower-backward{hopper-backward}`), off by default.
+
+```mlir
+%use_hopper_bwd = host.tma_ready %q, %d_out, %k, %v, %lse, %delta, %d_q {arch = 9 : i64, rows = 128 : i64} : ...
+host.launch @llama3_bwd_ws[%grid_bkv, %grid_n, %one](%q, %d_out, ...) if %use_hopper_bwd
+host.launch @llama3_bwd_dq[...](...) if not %use_hopper_bwd
+```
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i32
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from attnfuse.backends.triton.metadata import tl_dtype
+from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
+from attnfuse.dialects.host import TmaReadyOp
+from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
+from attnfuse.lowering.backward import q_walk
+from attnfuse.lowering.forward import LOG2E
+from attnfuse.lowering.hopper_backward_template import TEMPLATE
+from attnfuse.lowering.hopper_functions import DeviceFunctions
+from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.score_chain import ScoreChain, TileCoords
+from attnfuse.lowering.signature import KernelSignature
+from attnfuse.program import AttentionProgram
+
+BLOCK_N = 128
+"""Keys per CTA (64 per consumer warpgroup)."""
+BLOCK_M = 64
+"""Query rows per step of the walk."""
+STAGES = 2
+"""Depth of the Q / dO ring (198 KB of shared memory at D = 128; 3 measured no faster, run 18)."""
+MAXNREG = 168
+"""Register cap of the launch, as the forward's: setmaxnreg then gives 240 registers to
+each consumer warpgroup and 24 to the producer."""
+HEAD_DIMS = (64, 128)
+
+logger = logging.getLogger(__name__)
+
+
+def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, packed: bool,
+                      count_tiles: bool) -> str | None:
+    """Why the Hopper backward cannot serve this program, or None if it can.
+    `kernel_transforms`: Q or K transforms run inside the backward kernels."""
+    online = program.online
+    assert isinstance(online, OnlineSoftmaxOp)
+    args = program.func.args
+    q_type, k_type, v_type = args[program.q.arg_index].type, args[program.k.arg_index].type, args[program.v_arg].type
+    assert isinstance(q_type, TensorType) and isinstance(k_type, TensorType) and isinstance(v_type, TensorType)
+    dtype = q_type.element_type
+    plan = online.plan
+    if packed:
+        return "a packed batch (cu_seqlens): TMA tiles would cross sequences"
+    if not isinstance(dtype, (BFloat16Type, Float16Type)) or k_type.element_type != dtype or v_type.element_type != dtype:
+        return "inputs are not all bf16 or all f16"
+    head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
+    if head_dim not in HEAD_DIMS or v_dim != head_dim:
+        return f"head dims {head_dim}/{v_dim} (needs 64 or 128, equal for K and V)"
+    if plan.has_runtime_block_map() or plan.get_prefix() is not None:
+        return "the tile plan has a runtime block map or a prefix"
+    if online.sinks is not None:
+        return "attention sinks"
+    if online.dropout_seed is not None:
+        return "dropout"
+    if count_tiles:
+        return "count-tiles"
+    if kernel_transforms:
+        return "Q/K transforms run in the backward kernels (transforms-in-kernel)"
+    if program.scores.scale_value() <= 0:
+        return "a scale that is not positive"
+    for op in program.score_ops:
+        if not isinstance(op, MaskOp):
+            return f"score op {op.name} (the schedule recomputes P with masks only)"
+    return None
+
+
+class HopperBackward(DeviceFunctions):
+    """Builds the `tile_hopper.kernel` and device functions of one program's backward."""
+
+    def __init__(self, program: AttentionProgram, name: str, *, q_len: SSAValue, kv_len: SSAValue,
+                 dk: SSAValue, dv: SSAValue, host_table: Callable[[list[float]], SSAValue], planned: set[MaskOp],
+                 remap: dict[SSAValue, SSAValue]) -> None:
+        self.program, self.name = program, name
+        online = program.online
+        assert isinstance(online, OnlineSoftmaxOp)
+        self.plan = online.plan
+        self.hq, self.hk, _ = program.heads
+        q_type = program.func.args[program.q.arg_index].type
+        assert isinstance(q_type, TensorType)
+        self.dtype: Attribute = q_type.element_type
+        self.head_dim = q_type.get_shape()[3]
+        self.scale = program.scores.scale_value()
+        sig = KernelSignature(remap)
+        self.sig = sig
+        self.dk_arg, self.dv_arg = sig.tensor("dK", dk), sig.tensor("dV", dv)
+        self.chain = ScoreChain(program.score_ops, sig, host_table, planned)
+        self.q_len_arg = sig.scalar("Sq", q_len)
+        self.kv_len_arg = sig.scalar("Skv", kv_len)
+
+    def _range_function(self) -> FuncOp:
+        op, b = self._function("range", [("n_start", i32), ("batch", i32), ("kv_head", i32)])
+        n_start = op.args[0]
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        lo, f0, f1, hi = q_walk(b, self.plan, n_start, q_len, kv_len, BLOCK_M, BLOCK_N, split=self.plan.is_exact())
+        n_tiles = b.div(b.add(b.maximum(b.sub(hi, lo), 0), BLOCK_M - 1), BLOCK_M, name="n_tiles")
+        results = [x if isinstance(x, SSAValue) else b.constant(x, i32) for x in (lo, n_tiles, f0 or 0, f1 or 0)]
+        return self._finish(op, b, *results)
+
+    def _mask_function(self) -> FuncOp:
+        leading: list[tuple[str, Attribute]] = [
+            ("s", TensorType(f32, [BLOCK_N // 2, BLOCK_M])), ("keys", TensorType(i32, [BLOCK_N // 2])),
+            ("rows", TensorType(i32, [BLOCK_M])), ("batch", i32), ("head", i32)]
+        op, b = self._function("mask", leading)
+        s, keys, rows, batch, head = op.args[:5]
+        q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
+        assert q_len is not None and kv_len is not None
+        # In bounds by construction: the schedule runs only when both lengths are multiples of 128.
+        valid = b.and_(b.expand_dims(b.lt(keys, kv_len), 1), b.expand_dims(b.lt(rows, q_len), 0), name="valid")
+        at = TileCoords(batch, head, rows, keys, q_len, kv_len, valid, transposed=True)
+        return self._finish(op, b, self.chain.apply(b, s, at, full_tile=False))
+
+    def build(self) -> list[Operation]:
+        """The device functions, then the kernel."""
+        functions = [self._range_function()]
+        args = ", ".join(n for n, _ in self._decls())
+        mask_step = ""
+        if self.program.score_ops:
+            functions.append(self._mask_function())
+            mask_step = "\n".join([
+                "        if (t_start < full_lo) | (t_start >= full_hi):",
+                f"            s_t = {functions[1].sym_name.data}(s_t, keys, t_start + gl.arange(0, BM, "
+                f"layout=col_layout), batch, head, {args})"])
+        dk, dv = self.dk_arg.name, self.dv_arg.name
+        text = TEMPLATE.substitute(
+            k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, stages=STAGES, scale=repr(self.scale),
+            c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data, mask_step=mask_step,
+            q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
+            **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
+            dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
+        )
+        d = self.head_dim
+        descs: list[tuple[str, Attribute]] = [
+            ("q_desc", TmaDescType(self.dtype, [BLOCK_M, d])), ("do_desc", TmaDescType(self.dtype, [BLOCK_M, d])),
+            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d])), ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
+            ("lse_desc", TmaDescType(f32, [BLOCK_M])), ("delta_desc", TmaDescType(f32, [BLOCK_M])),
+            ("dq_desc", TmaDescType(f32, [BLOCK_M, d // 2]))]
+        decls = descs + self._decls()
+        kernel = KernelOp(
+            self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch={},
+            callees=[f.sym_name.data for f in functions], template=text)
+        for arg, (arg_name, _) in zip(kernel.args, decls):
+            arg.name_hint = arg_name
+        return [*functions, kernel]
+
+
+def _gl_dtype(ty: Attribute) -> str:
+    return "gl." + tl_dtype(ty).removeprefix("tl.")
+
+
+def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAValue, q: SSAValue,
+                          d_out: SSAValue, k: SSAValue, v: SSAValue, lse: SSAValue, delta: SSAValue,
+                          dq: SSAValue, one: SSAValue) -> tuple[SSAValue, list[Operation]]:
+    """The kernel of `hopper` and its launch guarded by `host.tma_ready` over the
+    operands it reads through TMA; returns (the guard, the ops)."""
+    ops = hopper.build()
+    ok = host.emit(TmaReadyOp([q, d_out, k, v, lse, delta, dq], arch=9, rows=BLOCK_N), "use_hopper_bwd")
+    kv_len = hopper.kv_len_arg.host
+    grid = [host.mul(batch, hopper.hk, "ws_grid_bkv"), host.cdiv(kv_len, BLOCK_N, "ws_grid_n"), one]  # type: ignore[arg-type]
+    host.launch(hopper.name, grid, [q, d_out, k, v, lse, delta, dq, *hopper.sig.host_operands()], when=ok)
+    return ok, ops
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HopperBackward", "ineligible_reason", "lower_hopper_backward"]

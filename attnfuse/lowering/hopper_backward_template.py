@@ -1,0 +1,202 @@
+"""The Gluon template of the Hopper backward schedule (FA3-style: dK, dV and dQ in one
+warp-specialized kernel, dQ reduced across CTAs by TMA).
+
+From `bench/prototypes/gluon_bwd.py` (measured on an H200, run 18: 1652 us against
+cuDNN's bprop kernel's 1433 us and the Triton dK/dV + dQ kernels' 2176 us at
+Llama-3-8B, B=8, S=2048), generalized to any band the tile plan describes, any GQA
+group and head dims 64 and 128. One CTA owns 128 keys of one (batch, kv head):
+
+* a 1-warp producer partition TMA-loads K and V of the block once, then per 64-row q
+  tile of the walk Q + LSE and dO + delta into a `$stages`-deep ring;
+* two 4-warp consumer warpgroups, each owning 64 keys, compute per q tile
+  S^T = K Q^T and dP^T = V dO^T (async wgmma), P^T = exp2(c S^T - lse2) with the
+  planned masks on the tiles that need them, dS^T = P^T (dP^T - delta), dV += P^T dO,
+  dK += dS^T Q, and the share dQ[:, 64w:] of dQ = dS K from both warpgroups' dS^T
+  (handed over in shared memory), added into the f32 dQ buffer with
+  `cp.reduce.async.bulk.tensor.add` (the reduction order across CTAs is not fixed:
+  results are not bitwise deterministic);
+* the epilogue stores dK * scale and dV from registers.
+
+What is problem-specific comes from tile IR device functions: `$range_fn` (the q walk
+of a key block: first row, tile count, rows [full_lo, full_hi) that need no mask) and
+the mask function of `$mask_step` (the planned masks on an S^T tile, keys along dim 0).
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+TEMPLATE = Template('''\
+from triton._C.libtriton import ir as _ir
+from triton.experimental.gluon.language._core import builtin as _builtin
+
+
+@_builtin
+def ${k}_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[box at coord] += shared `src` (`cp.reduce.async.bulk.tensor ... .add`),
+    tracked like a TMA store (`tma.store_wait`); Gluon 3.6 has no wrapper for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def ${k}_coords():
+    bkv = gl.program_id(0)
+    return bkv // $hk, bkv % $hk, gl.program_id(1)
+
+
+@gluon.jit
+def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                  lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args):
+    """1 warp: K and V of the block, then Q + LSE and dO + delta of every q tile of the walk."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    batch, kv_head, n = ${k}_coords()
+    q_lo, tiles, full_lo, full_hi = $range_fn(n * BN, batch, kv_head, $args)
+    kv_row = (batch * $hk + kv_head) * $kv_len + n * BN
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
+    for it in range($group * tiles):
+        st = it % $stages
+        # a fresh mbarrier counts as having completed phase "1": the first lap passes
+        mbarrier.wait(empty.index(st), ((it // $stages) & 1) ^ 1)
+        q_row = (batch * $hq + kv_head * $group + it // tiles) * $q_len + q_lo + (it % tiles) * BM
+        mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(st), q_smem.index(st))
+        tma.async_copy_global_to_shared(lse_desc, [q_row], q_ready.index(st), lse_smem.index(st))
+        mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [q_row, 0], do_ready.index(st), do_smem.index(st))
+        tma.async_copy_global_to_shared(delta_desc, [q_row], do_ready.index(st), delta_smem.index(st))
+
+
+@gluon.jit
+def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                  kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, WG: gl.constexpr):
+    """Consumer warpgroup WG: keys [64 WG, 64 WG + 64) of the block."""
+    BM: gl.constexpr = q_smem.shape[1]
+    D: gl.constexpr = q_smem.shape[2]
+    KW: gl.constexpr = k_smem.shape[0] // 2
+    DQW: gl.constexpr = dq_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_smem.dtype
+    NW: gl.constexpr = gl.num_warps()
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                         instr_shape=[16, BM, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                          instr_shape=[16, D, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                         instr_shape=[16, DQW, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    key_layout: gl.constexpr = gl.SliceLayout(1, st_layout)
+
+    batch, kv_head, n = ${k}_coords()
+    q_lo, tiles, full_lo, full_hi = $range_fn(n * 2 * KW, batch, kv_head, $args)
+    key0 = n * (2 * KW) + WG * KW
+    k_w = k_smem.slice(WG * KW, KW, dim=0)
+    v_w = v_smem.slice(WG * KW, KW, dim=0)
+    k_cols = k_smem.slice(WG * DQW, DQW, dim=1)
+    my_dq = dq_smem.index(WG)
+    keys = key0 + gl.arange(0, KW, layout=key_layout)
+    zero_st = gl.zeros([KW, BM], gl.float32, st_layout)
+    zero_dq = gl.zeros([BM, DQW], gl.float32, dq_layout)
+    dv = gl.zeros([KW, D], gl.float32, acc_layout)
+    dk = gl.zeros([KW, D], gl.float32, acc_layout)
+
+    mbarrier.wait(kv_bar, 0)
+    for it in range($group * tiles):
+        st = it % $stages
+        ph = (it // $stages) & 1
+        buf = it % 2
+        head = kv_head * $group + it // tiles
+        t_start = q_lo + (it % tiles) * BM
+        q_row = (batch * $hq + head) * $q_len + t_start
+        q_t = q_smem.index(st)
+        do_t = do_smem.index(st)
+        mbarrier.wait(q_ready.index(st), ph)
+        s_tok = warpgroup_mma(k_w, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(st), ph)
+        dp_tok = warpgroup_mma(v_w, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        lse = lse_smem.index(st).load(col_layout)
+        # a query that sees no key (lse = -inf) gets P = 0
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        s_t = warpgroup_mma_wait(1, deps=[s_tok])
+$mask_step
+        p_t = gl.exp2(s_t * $c - lse2[None, :])
+        delta = delta_smem.index(st).load(col_layout)
+        dp_t = warpgroup_mma_wait(0, deps=[dp_tok])
+        ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)
+        p16 = gl.convert_layout(p_t.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(p16, do_t, dv, is_async=True)
+        # dS^T into this warpgroup's rows of ds_smem[buf] (free once both warpgroups'
+        # dQ wgmmas of two tiles ago read it): the A of dK here, half the A of dQ
+        mbarrier.wait(ds_free.index(buf), ((it // 2) & 1) ^ 1)
+        ds_mine = ds_smem.index(buf).slice(WG * KW, KW, dim=0)
+        ds_mine.store(ds16)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(buf))
+        dk_tok = warpgroup_mma(ds_mine, q_t, dk, is_async=True)
+        dv, dk, p16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16])
+        mbarrier.arrive(empty.index(st))
+        mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
+        dq_tok = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq_tok])
+        mbarrier.arrive(ds_free.index(buf))
+        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq
+        my_dq.store(dq * $scale)
+        fence_async_shared()
+        ${k}_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)
+
+    # epilogue: dK * scale and dV of this warpgroup's keys, from registers
+    out_keys = key0 + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
+    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+    dk_base = batch.to(gl.int64) * $dk_s0 + kv_head.to(gl.int64) * $dk_s1
+    gl.store($dk + dk_base + out_keys[:, None] * $dk_s2 + out_cols[None, :] * $dk_s3, (dk * $scale).to($dk_dtype))
+    dv_base = batch.to(gl.int64) * $dv_s0 + kv_head.to(gl.int64) * $dv_s1
+    gl.store($dv + dv_base + out_keys[:, None] * $dv_s2 + out_cols[None, :] * $dv_s3, dv.to($dv_dtype))
+    tma.store_wait(pendings=0)
+
+
+def __kernel__():
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(BN == 128)
+    gl.static_assert(D == 2 * dq_desc.block_type.shape[1])
+    q_smem = gl.allocate_shared_memory(dtype, [$stages, BM, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [$stages, BM, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [$stages, BM], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [$stages, BM], delta_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range($stages):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+    fence_async_shared()
+    gl.warp_specialize([
+        (${k}_consumer, (dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, 0)),
+        (${k}_consumer, (dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, 1)),
+        (${k}_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                         lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args)),
+    ], [4, 1], [240, 24])
+''')
+"""Substitutions: k (name prefix), hq, hk, group, stages, scale, c (scale * log2 e), args,
+range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
+dk_dtype, dv_dtype (Gluon dtypes of the stores)."""

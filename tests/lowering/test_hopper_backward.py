@@ -1,0 +1,137 @@
+"""lower-backward{hopper-backward}: which programs get the warp-specialized Gluon backward,
+what the lowered host code holds (a zeroed f32 dQ buffer, the Gluon launch guarded by
+`host.tma_ready` and the Triton dQ and dK/dV kernels launched otherwise), that the
+kernels compile for sm_90a (shared memory under the limit, wgmma, TMA loads and
+reduce-adds, setmaxnreg), and that CPU calls run the Triton kernels and stay right.
+
+The Gluon kernels cannot run in Triton's interpreter: tests/gpu/test_hopper_backward_gpu.py
+checks their gradients on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hopper_programs import BACKWARD_ELIGIBLE, BACKWARD_INELIGIBLE, ELIGIBLE, backward_pipeline
+from test_hopper_forward import lower, ops_of
+
+import attnfuse
+from attnfuse import reference
+from attnfuse.backends.gluon.sm90 import SHARED_MEMORY_LIMIT
+from attnfuse.dialects import tile_hopper as th
+from attnfuse.dialects.host import AllocOp, LaunchOp, TmaReadyOp
+from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.pass_manager import make_context
+from attnfuse.program import find_functions
+from attnfuse.testing import assert_grad_close, make_inputs, with_dtype
+
+
+def backward_launches(module: object) -> list[tuple[str, bool, bool]]:
+    """(kernel, guarded, unless) of every launch of the backward host function."""
+    (bwd,) = [op for op in module.walk() if getattr(op, "sym_name", None) is not None  # type: ignore[attr-defined]
+              and op.sym_name.data.endswith("_backward")]
+    return [(op.kernel.root_reference.data, op.cond is not None, op.unless is not None)
+            for op in bwd.walk() if isinstance(op, LaunchOp)]
+
+
+@pytest.mark.parametrize("name", BACKWARD_ELIGIBLE)
+def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
+    text, _ = ELIGIBLE[name]
+    module = lower(text, backward_pipeline())
+    kernels = [k.sym_name.data for k in ops_of(module, th.KernelOp)]
+    assert f"{name}_bwd_ws" in kernels
+    launches = backward_launches(module)
+    guarded = [(k, unless) for k, g, unless in launches if g]
+    # the Gluon kernel when the shape class is served, the Triton dQ and dK/dV kernels otherwise
+    assert guarded == [(f"{name}_bwd_ws", False), (f"{name}_bwd_dq", True), (f"{name}_bwd_dkdv", True)]
+    (ready,) = [op for op in ops_of(module, TmaReadyOp) if op.result.name_hint == "use_hopper_bwd"]
+    assert ready.rows.value.data == 128
+    # dQ is summed into a zeroed f32 buffer
+    zeroed = [op for op in ops_of(module, AllocOp) if op.zero is not None and op.result.name_hint.startswith("d_q")]
+    assert len(zeroed) == 1 and "f32" in str(zeroed[0].result.type)
+    (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+    assert f"{name}_bwd_ws_reduce_add(dq_desc" in kernel.template.data
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_INELIGIBLE))
+def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    text, pipe, reason = BACKWARD_INELIGIBLE[name]
+    with caplog.at_level(logging.DEBUG, logger="attnfuse.passes.lower_backward"):
+        module = lower(text, pipe)
+    assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+    assert not any(g for _, g, _ in backward_launches(module))
+    assert "Hopper backward schedule not used: " in caplog.text and reason in caplog.text
+
+
+def test_off_by_default() -> None:
+    text, _ = ELIGIBLE["llama3"]
+    module = lower(text, backward_pipeline(hopper=False))
+    assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+    assert not any(g for _, g, _ in backward_launches(module))
+
+
+def test_planned_masks_run_on_masked_tiles_only() -> None:
+    module = lower(ELIGIBLE["window"][0], backward_pipeline())
+    names = [f.sym_name.data for f in ops_of(module, th.FuncOp) if "_bwd_ws" in f.sym_name.data]
+    assert names == ["window_bwd_ws_range", "window_bwd_ws_mask"]
+    (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+    assert "        if (t_start < full_lo) | (t_start >= full_hi):\n            s_t = window_bwd_ws_mask(s_t, keys" \
+        in kernel.template.data
+
+
+_COMPILE = """
+import json, sys
+sys.path.insert(0, {here!r})
+from hopper_programs import BACKWARD_ELIGIBLE, ELIGIBLE, backward_pipeline
+from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
+from test_hopper_forward import lower
+out = {{}}
+for name in BACKWARD_ELIGIBLE:
+    out.update(compile_module_for_sm90(lower(ELIGIBLE[name][0], backward_pipeline(forward_hopper=False))))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_backward_kernels_compile_for_sm90() -> None:
+    """Every eligible program's backward kernel, in a fresh process (one that interprets
+    kernels cannot compile them)."""
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), here])}
+    done = subprocess.run([sys.executable, "-c", _COMPILE.format(here=here)], capture_output=True, text=True,
+                          env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    resources = json.loads(done.stdout.splitlines()[-1])
+    assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
+    for name, r in resources.items():
+        # the two-sided window's mask code spills 32 bytes (run 18 notes); the rest spill nothing
+        assert r["spill_bytes"] <= (32 if name.startswith("window") else 0), (name, r)
+        assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
+        assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] == 2, (name, r)
+        assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
+
+
+@pytest.mark.parametrize(("name", "q_len", "kv_len"), [("llama3", 40, 40), ("bottom_right", 24, 56), ("window", 70, 70)])
+def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) -> None:
+    """On the CPU the guard is false: the Triton kernels add into the f32 dQ buffer, whose
+    transposes (or cast) follow; the gradients match the float64 reference (f16: the
+    interpreter truncates bf16)."""
+    text = with_dtype(ELIGIBLE[name][0], "f16")
+    fn = attnfuse.compile(text, pipeline=backward_pipeline())
+    function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
+    args = make_inputs(function, 1, q_len, kv_len, seed=3)
+    leaves = [t.clone().requires_grad_() for t in args]
+    out = fn(*leaves)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(out.dtype)
+    out.backward(d_out)
+    refs = [t.double().requires_grad_() for t in args]
+    reference.run(text, *refs).backward(d_out.double())
+    for what, leaf, ref in zip("qkv", leaves, refs):
+        assert ref.grad is not None
+        assert_grad_close(leaf.grad, ref.grad, torch.float16, f"d{what}")
