@@ -143,6 +143,8 @@ TRAINING_VARIANTS: dict[str, str] = {
     "ablation:fused_transforms_in_kernel": pipeline("fused", bwd="transforms-in-kernel=true"),
     "ablation:hybrid_no_rotate_in_epilogue": pipeline("hybrid", bwd="rotate-in-epilogue=false"),
     "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="rope-table=false", lower="rope-table=false"),
+    "option:hybrid_hopper_backward": pipeline("hybrid", bwd="hopper-backward=true"),
+    "option:fused_hopper_backward": pipeline("fused", bwd="hopper-backward=true"),
 }
 
 SLOW_ABLATIONS = ("ablation:fused_no_rope_table", "ablation:fused_transforms_in_kernel")
@@ -306,7 +308,13 @@ def main() -> None:
     parser.add_argument("--seqs", default="2048,4096,8192,16384")
     parser.add_argument("--training-seqs", default="2048,4096,8192,16384")
     parser.add_argument("--sweep", default="256,512,1024,2048,4096,8192,16384")
+    parser.add_argument("--variants", default="", help="only these forward/training variants (comma-separated)")
     args = parser.parse_args()
+    if args.variants:
+        keep = set(args.variants.split(","))
+        for table in (FORWARD_VARIANTS, TRAINING_VARIANTS):
+            for name in [n for n in table if n not in keep]:
+                del table[name]
     args.out.mkdir(parents=True, exist_ok=True)
     seqs = [int(s) for s in args.seqs.split(",")]
     sweep = [int(s) for s in args.sweep.split(",")]

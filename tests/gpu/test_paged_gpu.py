@@ -128,7 +128,9 @@ def test_append_then_attend() -> None:
 
 
 def test_one_kernel_serves_every_length() -> None:
-    """Lengths are data: new lengths (and new pool sizes) reuse the compiled kernels."""
+    """Lengths are data: new lengths (and new pool sizes) reuse the compiled kernels. Strides
+    stay specialized (backends/triton/metadata.py): the block tables here have rows of 64
+    and 257 pages, one stride divisible by 16 and one not, hence at most two variants."""
     p = llama3()
     fn = attnfuse.compile(p.text.replace("@f(", "@paged_variants("))
     for n, lens in enumerate(([1000], [4096, 3], [65536], [12345, 1, 77])):
@@ -137,4 +139,4 @@ def test_one_kernel_serves_every_length() -> None:
     kernels = load_kernels(fn.triton_source)
     for name in ("paged_variants_split_kv", "paged_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
-        assert compiled == 1, f"{name}: {compiled} compiled variants"
+        assert compiled <= 2, f"{name}: {compiled} compiled variants"
