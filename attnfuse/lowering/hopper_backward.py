@@ -37,7 +37,7 @@ from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk
 from attnfuse.lowering.forward import LOG2E
-from attnfuse.lowering.hopper_backward_template import TEMPLATE
+from attnfuse.lowering.hopper_backward_template import TEMPLATE, UNORDERED, ordered
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
@@ -54,14 +54,17 @@ MAXNREG = 168
 """Register cap of the launch, as the forward's: setmaxnreg then gives 240 registers to
 each consumer warpgroup and 24 to the producer."""
 HEAD_DIMS = (64, 128)
+HOPPER_BACKWARD_MODES = ("off", "ordered", "unordered")
+"""Values of `lower-backward{hopper-backward}`."""
 
 logger = logging.getLogger(__name__)
 
 
 def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, packed: bool,
-                      count_tiles: bool) -> str | None:
+                      count_tiles: bool, ordered: bool = False) -> str | None:
     """Why the Hopper backward cannot serve this program, or None if it can.
-    `kernel_transforms`: Q or K transforms run inside the backward kernels."""
+    `kernel_transforms`: Q or K transforms run inside the backward kernels; `ordered`:
+    the variant whose key blocks add into dQ in block order."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
     args = program.func.args
@@ -91,6 +94,9 @@ def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, pac
     for op in program.score_ops:
         if not isinstance(op, MaskOp):
             return f"score op {op.name} (the schedule recomputes P with masks only)"
+    if ordered and plan.get_band()[0] is not None:
+        return ("ordered dQ with a band that has a lower bound (a sliding window): "
+                "the key blocks adding into a dQ tile do not start at block 0")
     return None
 
 
@@ -99,7 +105,7 @@ class HopperBackward(DeviceFunctions):
 
     def __init__(self, program: AttentionProgram, name: str, *, q_len: SSAValue, kv_len: SSAValue,
                  dk: SSAValue, dv: SSAValue, host_table: Callable[[list[float]], SSAValue], planned: set[MaskOp],
-                 remap: dict[SSAValue, SSAValue]) -> None:
+                 remap: dict[SSAValue, SSAValue], dq_turns: SSAValue | None = None) -> None:
         self.program, self.name = program, name
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -113,6 +119,7 @@ class HopperBackward(DeviceFunctions):
         sig = KernelSignature(remap)
         self.sig = sig
         self.dk_arg, self.dv_arg = sig.tensor("dK", dk), sig.tensor("dV", dv)
+        self.turns_arg = sig.tensor("dQ_turns", dq_turns) if dq_turns is not None else None
         self.chain = ScoreChain(program.score_ops, sig, host_table, planned)
         self.q_len_arg = sig.scalar("Sq", q_len)
         self.kv_len_arg = sig.scalar("Skv", kv_len)
@@ -158,6 +165,7 @@ class HopperBackward(DeviceFunctions):
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
             dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
+            **(ordered(self.name, self.turns_arg.name) if self.turns_arg is not None else UNORDERED),
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
@@ -191,4 +199,5 @@ def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAV
     return ok, ops
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HopperBackward", "ineligible_reason", "lower_hopper_backward"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "ineligible_reason",
+           "lower_hopper_backward"]

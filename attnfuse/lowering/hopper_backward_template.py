@@ -17,6 +17,14 @@ group and head dims 64 and 128. One CTA owns 128 keys of one (batch, kv head):
   results are not bitwise deterministic);
 * the epilogue stores dK * scale and dV from registers.
 
+Ordered (`$dq_turn` / `$dq_last` of the deterministic variant): the key blocks that
+add into a dQ tile do so in block order, FlashAttention-3's deterministic mode. A
+per-(tile, column half) counter in global memory says how many have added; block n
+waits until it reads n (`take_turn`, an acquire), and once its reduce is complete (a
+`cp.async.bulk.wait_group 0`, checked after the next tile's dK/dV products so the reduce
+overlaps them) releases the next (`pass_turn`). Serves bands without a lower bound,
+where the blocks adding into a tile are blocks 0, 1, ... of the key walk.
+
 What is problem-specific comes from tile IR device functions: `$range_fn` (the q walk
 of a key block: first row, tile count, rows [full_lo, full_hi) that need no mask) and
 the mask function of `$mask_step` (the planned masks on an S^T tile, keys along dim 0).
@@ -37,6 +45,32 @@ def ${k}_reduce_add(tensor_desc, coord, src, _semantic=None):
     tracked like a TMA store (`tma.store_wait`); Gluon 3.6 has no wrapper for it."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def ${k}_reduce_complete():
+    """Wait until this thread's bulk operations (the TMA reduce) are complete, not only
+    read from shared memory (`tma.store_wait` waits for that), and order them before
+    what follows (`fence.proxy.async.global`)."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\\n\\tfence.proxy.async.global;\\n\\tmov.u32 $$0, 0;",
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def ${k}_pass_turn(sem):
+    """The reduce of this warpgroup's previous tile is done: the next key block may add."""
+    ${k}_reduce_complete()
+    gl.thread_barrier()
+    gl.atomic_add(sem, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def ${k}_take_turn(sem, turn):
+    """Wait until the key blocks before this one (`turn` of them) have added into the tile."""
+    while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != turn:
+        pass
+    gl.inline_asm_elementwise("fence.proxy.async.global;\\n\\tmov.u32 $$0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -104,6 +138,7 @@ def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
     dk = gl.zeros([KW, D], gl.float32, acc_layout)
 
     mbarrier.wait(kv_bar, 0)
+$dq_init
     for it in range($group * tiles):
         st = it % $stages
         ph = (it // $stages) & 1
@@ -138,15 +173,18 @@ $mask_step
         dk_tok = warpgroup_mma(ds_mine, q_t, dk, is_async=True)
         dv, dk, p16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16])
         mbarrier.arrive(empty.index(st))
+$dq_pass
         mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
         dq_tok = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=[dq_tok])
         mbarrier.arrive(ds_free.index(buf))
-        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq
+$dq_turn
         my_dq.store(dq * $scale)
         fence_async_shared()
         ${k}_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)
+$dq_next
 
+$dq_last
     # epilogue: dK * scale and dV of this warpgroup's keys, from registers
     out_keys = key0 + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
     out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -199,4 +237,23 @@ def __kernel__():
 ''')
 """Substitutions: k (name prefix), hq, hk, group, stages, scale, c (scale * log2 e), args,
 range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
-dk_dtype, dv_dtype (Gluon dtypes of the stores)."""
+dk_dtype, dv_dtype (Gluon dtypes of the stores), dq_init / dq_pass / dq_turn / dq_next /
+dq_last (the lines of the dQ reduction's order, `UNORDERED` or `ordered(...)`)."""
+
+UNORDERED = {"dq_init": "", "dq_pass": "", "dq_next": "", "dq_last": "",
+             "dq_turn": "        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq"}
+
+
+def ordered(k: str, sem: str) -> dict[str, str]:
+    """The lines of the ordered variant; `sem` is the counters' pointer argument
+    ([B, Hq, Sq / 64, 2] int32, zeroed). The previous tile's turn passes after this
+    tile's dK/dV products, so its reduce has that long to complete."""
+    where = (f"batch * {sem}_stride0 + head * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
+             f" + WG * {sem}_stride3")
+    return {
+        "dq_init": "    prev_turn = 0",
+        "dq_pass": f"        if it > 0:\n            {k}_pass_turn({sem} + prev_turn)",
+        "dq_turn": f"        cur_turn = {where}\n        {k}_take_turn({sem} + cur_turn, n)",
+        "dq_next": "        prev_turn = cur_turn",
+        "dq_last": f"    if tiles > 0:\n        {k}_pass_turn({sem} + prev_turn)",
+    }

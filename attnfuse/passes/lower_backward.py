@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i32, i64
+from xdsl.dialects.builtin import DYNAMIC_INDEX, ArrayAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i32, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
@@ -44,7 +44,8 @@ from attnfuse.lowering.backward import (
 )
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
-from attnfuse.lowering.hopper_backward import HopperBackward, lower_hopper_backward
+from attnfuse.lowering.hopper_backward import BLOCK_M as HOPPER_BLOCK_M
+from attnfuse.lowering.hopper_backward import HOPPER_BACKWARD_MODES, HopperBackward, lower_hopper_backward
 from attnfuse.lowering.hopper_backward import ineligible_reason as hopper_ineligible_reason
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
@@ -78,7 +79,7 @@ class _Builder:
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
-                 f32_dot: str = "ieee", hopper_backward: bool = False) -> None:
+                 f32_dot: str = "ieee", hopper_backward: str = "off") -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -109,13 +110,14 @@ class _Builder:
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
-        self.hopper = hopper_backward and self._hopper_eligible(transforms_in_kernel)
+        self.hopper = hopper_backward != "off" and self._hopper_eligible(hopper_backward == "ordered")
+        self.ordered = self.hopper and hopper_backward == "ordered"
 
-    def _hopper_eligible(self, transforms_in_kernel: bool) -> bool:
+    def _hopper_eligible(self, ordered: bool) -> bool:
         p = self.program
         kernel_transforms = bool(self.in_kernel(p.q.transforms) or self.in_kernel(p.k.transforms))
-        reason = hopper_ineligible_reason(p, kernel_transforms=kernel_transforms,
-                                          packed=packed_batch(p) is not None, count_tiles=self.count_tiles)
+        reason = hopper_ineligible_reason(p, kernel_transforms=kernel_transforms, packed=packed_batch(p) is not None,
+                                          count_tiles=self.count_tiles, ordered=ordered)
         if reason is not None:
             logger.debug("@%s: Hopper backward schedule not used: %s", self.name, reason)
         return reason is None
@@ -238,8 +240,11 @@ class _Builder:
                             q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
         use_hopper: SSAValue | None = None
         if self.hopper:
+            turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
+                               {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
+                               zero=True) if self.ordered else None
             hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
-                                    host_table=host.table, planned=planned, remap=self.remap)
+                                    host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns)
             use_hopper, ops = lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
                                                     k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one)
             self.kernels.extend(ops)
@@ -443,15 +448,20 @@ class LowerBackwardPass(ModulePass):
     keep full-width dots; the epilogue splits the gradient into the rope's halves
     (`qk_side.split_parts`). Until run 16 the rotation used the half-split layout in the
     whole loop, whose half-width dots made it slower (docs/benchmarks.md)."""
-    hopper_backward: bool = False
-    """Also build the warp-specialized Gluon backward (`lowering/hopper_backward.py`: dQ,
-    dK and dV in one kernel, 5 matmuls per tile pair instead of 7) for the programs it
-    serves, run on sm_90 for shape classes whose operands TMA can read (the Triton
-    kernels otherwise). dQ is summed across CTAs by TMA reduce-adds in no fixed order, so
-    results are not bitwise reproducible: off by default."""
+    hopper_backward: str = "off"
+    """`ordered` or `unordered`: also build the warp-specialized Gluon backward
+    (`lowering/hopper_backward.py`: dQ, dK and dV in one kernel, 5 matmuls per tile pair
+    instead of 7) for the programs it serves, run on sm_90 for shape classes whose
+    operands TMA can read (the Triton kernels otherwise). dQ is summed across CTAs by TMA
+    reduce-adds: `ordered` makes the key blocks add in block order (reproducible
+    gradients, bands without a lower bound), `unordered` lets them add as they come (not
+    bitwise reproducible). `off` keeps the Triton kernels only."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)
+        if self.hopper_backward not in HOPPER_BACKWARD_MODES:
+            raise ValueError(f"{self.name}: hopper-backward must be one of {', '.join(HOPPER_BACKWARD_MODES)}, "
+                             f"got {self.hopper_backward!r}")
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(

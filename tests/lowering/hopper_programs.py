@@ -20,9 +20,9 @@ def pipeline(strategy: str = "hybrid", hopper: bool = True) -> str:
     return f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling,{lower}"
 
 
-def backward_pipeline(strategy: str = "hybrid", hopper: bool = True, forward_hopper: bool = True) -> str:
-    """`pipeline` with lower-backward, its Hopper schedule on or off."""
-    backward = "lower-backward{hopper-backward=true}" if hopper else "lower-backward"
+def backward_pipeline(strategy: str = "hybrid", hopper: str = "ordered", forward_hopper: bool = True) -> str:
+    """`pipeline` with lower-backward and its `hopper-backward` option."""
+    backward = f"lower-backward{{hopper-backward={hopper}}}"
     return pipeline(strategy, forward_hopper).replace("mask-tiling,", f"mask-tiling,{backward},")
 
 
@@ -117,8 +117,10 @@ INELIGIBLE: dict[str, tuple[str, str, str]] = {
 }
 
 
-BACKWARD_ELIGIBLE = ["llama3", "llama3_1", "qwen3", "window", "bottom_right", "d64"]
-"""Programs of `ELIGIBLE` the Hopper backward schedule serves (`backward_pipeline()`)."""
+BACKWARD_ELIGIBLE = {"llama3": "ordered", "llama3_1": "ordered", "qwen3": "ordered", "window": "unordered",
+                     "bottom_right": "ordered", "d64": "ordered"}
+"""Programs of `ELIGIBLE` the Hopper backward schedule serves, with the `hopper-backward`
+mode to test (the two-sided window has a lower bound: unordered only)."""
 
 BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "gemma2_like": (_gemma2_like(), backward_pipeline(), "score op attn.softcap"),
@@ -129,6 +131,7 @@ BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "d96": (_d96(), backward_pipeline(), "head dims 96/96"),
     "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), backward_pipeline(), "not all bf16 or all f16"),
     "llama3_in_kernel": ((EXAMPLES / "llama3.attn").read_text(), backward_pipeline("fused").replace(
-        "hopper-backward=true", "hopper-backward=true transforms-in-kernel=true"), "transforms-in-kernel"),
+        "hopper-backward=ordered", "hopper-backward=ordered transforms-in-kernel=true"), "transforms-in-kernel"),
+    "window_ordered": (_window(), backward_pipeline(), "a band that has a lower bound"),
 }
 """name -> (program text, pipeline, a fragment of the reason logged)."""

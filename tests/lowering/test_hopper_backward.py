@@ -41,10 +41,11 @@ def backward_launches(module: object) -> list[tuple[str, bool, bool]]:
             for op in bwd.walk() if isinstance(op, LaunchOp)]
 
 
-@pytest.mark.parametrize("name", BACKWARD_ELIGIBLE)
+@pytest.mark.parametrize("name", sorted(BACKWARD_ELIGIBLE))
 def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     text, _ = ELIGIBLE[name]
-    module = lower(text, backward_pipeline())
+    mode = BACKWARD_ELIGIBLE[name]
+    module = lower(text, backward_pipeline(hopper=mode))
     kernels = [k.sym_name.data for k in ops_of(module, th.KernelOp)]
     assert f"{name}_bwd_ws" in kernels
     launches = backward_launches(module)
@@ -54,10 +55,18 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     (ready,) = [op for op in ops_of(module, TmaReadyOp) if op.result.name_hint == "use_hopper_bwd"]
     assert ready.rows.value.data == 128
     # dQ is summed into a zeroed f32 buffer
-    zeroed = [op for op in ops_of(module, AllocOp) if op.zero is not None and op.result.name_hint.startswith("d_q")]
+    zeroed = [op for op in ops_of(module, AllocOp) if op.zero is not None and op.result.name_hint in ("d_q_f32", "d_q_rotated")]
     assert len(zeroed) == 1 and "f32" in str(zeroed[0].result.type)
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert f"{name}_bwd_ws_reduce_add(dq_desc" in kernel.template.data
+    # ordered: a zeroed int32 counter per (batch, q head, 64-row tile, column half)
+    turns = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
+    assert len(turns) == (mode == "ordered")
+    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, n)" in kernel.template.data) == (mode == "ordered")
+    if turns:
+        q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
+        assert turns[0].zero is not None
+        assert str(turns[0].result.type) == f"tensor<?x{q_heads}x?x2xi32>"
 
 
 @pytest.mark.parametrize("name", sorted(BACKWARD_INELIGIBLE))
@@ -72,13 +81,13 @@ def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.
 
 def test_off_by_default() -> None:
     text, _ = ELIGIBLE["llama3"]
-    module = lower(text, backward_pipeline(hopper=False))
+    module = lower(text, backward_pipeline(hopper="off"))
     assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert not any(g for _, g, _ in backward_launches(module))
 
 
 def test_planned_masks_run_on_masked_tiles_only() -> None:
-    module = lower(ELIGIBLE["window"][0], backward_pipeline())
+    module = lower(ELIGIBLE["window"][0], backward_pipeline(hopper="unordered"))
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp) if "_bwd_ws" in f.sym_name.data]
     assert names == ["window_bwd_ws_range", "window_bwd_ws_mask"]
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
@@ -93,8 +102,8 @@ from hopper_programs import BACKWARD_ELIGIBLE, ELIGIBLE, backward_pipeline
 from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
 from test_hopper_forward import lower
 out = {{}}
-for name in BACKWARD_ELIGIBLE:
-    out.update(compile_module_for_sm90(lower(ELIGIBLE[name][0], backward_pipeline(forward_hopper=False))))
+for name, mode in BACKWARD_ELIGIBLE.items():
+    out.update(compile_module_for_sm90(lower(ELIGIBLE[name][0], backward_pipeline(hopper=mode, forward_hopper=False))))
 print(json.dumps(out))
 """
 
@@ -123,7 +132,7 @@ def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) ->
     transposes (or cast) follow; the gradients match the float64 reference (f16: the
     interpreter truncates bf16)."""
     text = with_dtype(ELIGIBLE[name][0], "f16")
-    fn = attnfuse.compile(text, pipeline=backward_pipeline())
+    fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=BACKWARD_ELIGIBLE[name]))
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, 1, q_len, kv_len, seed=3)
     leaves = [t.clone().requires_grad_() for t in args]
