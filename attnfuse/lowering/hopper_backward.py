@@ -165,7 +165,7 @@ class HopperBackward(DeviceFunctions):
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
             dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
-            **(ordered(self.name, self.turns_arg.name) if self.turns_arg is not None else UNORDERED),
+            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk) if self.turns_arg is not None else UNORDERED),
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [

@@ -95,7 +95,7 @@ def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
         st = it % $stages
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(empty.index(st), ((it // $stages) & 1) ^ 1)
-        q_row = (batch * $hq + kv_head * $group + it // tiles) * $q_len + q_lo + (it % tiles) * BM
+        q_row = (batch * $hq + kv_head * $group + $head_of_it) * $q_len + q_lo + ($tile_of_it) * BM
         mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(st), q_smem.index(st))
         tma.async_copy_global_to_shared(lse_desc, [q_row], q_ready.index(st), lse_smem.index(st))
@@ -143,8 +143,8 @@ $dq_init
         st = it % $stages
         ph = (it // $stages) & 1
         buf = it % 2
-        head = kv_head * $group + it // tiles
-        t_start = q_lo + (it % tiles) * BM
+        head = kv_head * $group + $head_of_it
+        t_start = q_lo + ($tile_of_it) * BM
         q_row = (batch * $hq + head) * $q_len + t_start
         q_t = q_smem.index(st)
         do_t = do_smem.index(st)
@@ -238,19 +238,24 @@ def __kernel__():
 """Substitutions: k (name prefix), hq, hk, group, stages, scale, c (scale * log2 e), args,
 range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
 dk_dtype, dv_dtype (Gluon dtypes of the stores), dq_init / dq_pass / dq_turn / dq_next /
-dq_last (the lines of the dQ reduction's order, `UNORDERED` or `ordered(...)`)."""
+dq_last (the lines of the dQ reduction's order), head_of_it / tile_of_it (the walk's
+order): `UNORDERED` or `ordered(...)`."""
 
-UNORDERED = {"dq_init": "", "dq_pass": "", "dq_next": "", "dq_last": "",
+UNORDERED = {"head_of_it": "it // tiles", "tile_of_it": "it % tiles",
+             "dq_init": "", "dq_pass": "", "dq_next": "", "dq_last": "",
              "dq_turn": "        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq"}
 
 
-def ordered(k: str, sem: str) -> dict[str, str]:
+def ordered(k: str, sem: str, group: int) -> dict[str, str]:
     """The lines of the ordered variant; `sem` is the counters' pointer argument
     ([B, Hq, Sq / 64, 2] int32, zeroed). The previous tile's turn passes after this
     tile's dK/dV products, so its reduce has that long to complete."""
     where = (f"batch * {sem}_stride0 + head * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
              f" + WG * {sem}_stride3")
     return {
+        # last tile first, the heads of the group inner: block n reaches each (tile, head)
+        # one step after block n - 1 (head-outer ascending walks wait 2 tiles per head)
+        "head_of_it": f"it % {group}", "tile_of_it": f"tiles - 1 - it // {group}",
         "dq_init": "    prev_turn = 0",
         "dq_pass": f"        if it > 0:\n            {k}_pass_turn({sem} + prev_turn)",
         "dq_turn": f"        cur_turn = {where}\n        {k}_take_turn({sem} + cur_turn, n)",
