@@ -143,8 +143,9 @@ TRAINING_VARIANTS: dict[str, str] = {
     "ablation:fused_transforms_in_kernel": pipeline("fused", bwd="transforms-in-kernel=true"),
     "ablation:hybrid_no_rotate_in_epilogue": pipeline("hybrid", bwd="rotate-in-epilogue=false"),
     "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="rope-table=false", lower="rope-table=false"),
-    "option:hybrid_hopper_backward": pipeline("hybrid", bwd="hopper-backward=true"),
-    "option:fused_hopper_backward": pipeline("fused", bwd="hopper-backward=true"),
+    "option:hybrid_hopper_backward_ordered": pipeline("hybrid", bwd="hopper-backward=ordered"),
+    "option:hybrid_hopper_backward_unordered": pipeline("hybrid", bwd="hopper-backward=unordered"),
+    "option:fused_hopper_backward_unordered": pipeline("fused", bwd="hopper-backward=unordered"),
 }
 
 SLOW_ABLATIONS = ("ablation:fused_no_rope_table", "ablation:fused_transforms_in_kernel")

@@ -67,10 +67,13 @@ def ${k}_pass_turn(sem):
 @gluon.jit
 def ${k}_take_turn(sem, turn):
     """Wait until the key blocks before this one (`turn` of them) have added into the tile."""
-    while gl.atomic_add(sem, 0, sem="acquire", scope="gpu") != turn:
-        pass
-    gl.inline_asm_elementwise("fence.proxy.async.global;\\n\\tmov.u32 $$0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    # the spin loop is PTX (labels scoped by the braces): a loop in the kernel's IR made
+    # ptxas spill some 200 bytes of the consumer's live registers
+    gl.inline_asm_elementwise(
+        "{\\n\\t.reg .pred p;\\n\\t.reg .u32 v;\\n\\tTURN_WAIT:\\n\\t"
+        "ld.acquire.gpu.global.u32 v, [$$1];\\n\\tsetp.ne.u32 p, v, $$2;\\n\\t@p bra TURN_WAIT;\\n\\t}\\n\\t"
+        "fence.proxy.async.global;\\n\\tmov.u32 $$0, 0;",
+        "=r,l,r", [sem, turn], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

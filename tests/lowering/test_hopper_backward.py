@@ -119,8 +119,10 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
     resources = json.loads(done.stdout.splitlines()[-1])
     assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
     for name, r in resources.items():
-        # the two-sided window's mask code spills 32 bytes (run 18 notes); the rest spill nothing
-        assert r["spill_bytes"] <= (32 if name.startswith("window") else 0), (name, r)
+        # at most a few scalars in local memory: 32 bytes for the two-sided window's mask
+        # code, 4-20 for the ordered variant's walk (its spin loop is PTX: the same loop in
+        # the IR spilled some 200 bytes of tiles)
+        assert r["spill_bytes"] <= 32 and r["local_loads"] <= 9, (name, r)
         assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
         assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] == 2, (name, r)
         assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
