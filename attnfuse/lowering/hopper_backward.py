@@ -61,10 +61,9 @@ logger = logging.getLogger(__name__)
 
 
 def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, packed: bool,
-                      count_tiles: bool, ordered: bool = False) -> str | None:
+                      count_tiles: bool) -> str | None:
     """Why the Hopper backward cannot serve this program, or None if it can.
-    `kernel_transforms`: Q or K transforms run inside the backward kernels; `ordered`:
-    the variant whose key blocks add into dQ in block order."""
+    `kernel_transforms`: Q or K transforms run inside the backward kernels."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
     args = program.func.args
@@ -94,9 +93,6 @@ def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, pac
     for op in program.score_ops:
         if not isinstance(op, MaskOp):
             return f"score op {op.name} (the schedule recomputes P with masks only)"
-    if ordered and plan.get_band()[0] is not None:
-        return ("ordered dQ with a band that has a lower bound (a sliding window): "
-                "the key blocks adding into a dQ tile do not start at block 0")
     return None
 
 
@@ -147,6 +143,16 @@ class HopperBackward(DeviceFunctions):
         at = TileCoords(batch, head, rows, keys, q_len, kv_len, valid, transposed=True)
         return self._finish(op, b, self.chain.apply(b, s, at, full_tile=False))
 
+    def _first_block(self) -> str:
+        """The first key block whose q walk (`q_walk`) holds the tile at row `t_start`, as a
+        template expression: the smallest n with hi(n) > t_start, i.e. (t_start + diag +
+        lower) // 128 clamped at 0 (truncating division clamps the same as flooring)."""
+        lower = self.plan.get_band()[0]
+        if lower is None:
+            return "0"
+        diag = f"({self.kv_len_arg.name} - {self.q_len_arg.name})" if self.plan.is_bottom_right() else "0"
+        return f"gl.maximum((t_start + {diag} + {int(lower)}) // {BLOCK_N}, 0)"
+
     def build(self) -> list[Operation]:
         """The device functions, then the kernel."""
         functions = [self._range_function()]
@@ -165,7 +171,8 @@ class HopperBackward(DeviceFunctions):
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
             dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
-            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk) if self.turns_arg is not None else UNORDERED),
+            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk, self._first_block())
+               if self.turns_arg is not None else UNORDERED),
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [

@@ -22,8 +22,9 @@ add into a dQ tile do so in block order, FlashAttention-3's deterministic mode. 
 per-(tile, column half) counter in global memory says how many have added; block n
 waits until it reads n (`take_turn`, an acquire), and once its reduce is complete (a
 `cp.async.bulk.wait_group 0`, checked after the next tile's dK/dV products so the reduce
-overlaps them) releases the next (`pass_turn`). Serves bands without a lower bound,
-where the blocks adding into a tile are blocks 0, 1, ... of the key walk.
+overlaps them) releases the next (`pass_turn`). The blocks adding into a tile are
+consecutive (block 0 on for bands without a lower bound; for a sliding window the first
+is where the window's lower edge puts it).
 
 What is problem-specific comes from tile IR device functions: `$range_fn` (the q walk
 of a key block: first row, tile count, rows [full_lo, full_hi) that need no mask) and
@@ -249,10 +250,12 @@ UNORDERED = {"head_of_it": "it // tiles", "tile_of_it": "it % tiles",
              "dq_turn": "        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq"}
 
 
-def ordered(k: str, sem: str, group: int) -> dict[str, str]:
+def ordered(k: str, sem: str, group: int, first_block: str = "0") -> dict[str, str]:
     """The lines of the ordered variant; `sem` is the counters' pointer argument
-    ([B, Hq, Sq / 64, 2] int32, zeroed). The previous tile's turn passes after this
-    tile's dK/dV products, so its reduce has that long to complete."""
+    ([B, Hq, Sq / 64, 2] int32, zeroed); `first_block`, an expression of `t_start`: the
+    first key block whose walk holds the tile (the blocks adding into a tile are
+    consecutive), so block n's turn is n - first_block. The previous tile's turn passes
+    after this tile's dK/dV products, so its reduce has that long to complete."""
     where = (f"batch * {sem}_stride0 + head * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
              f" + WG * {sem}_stride3")
     return {
@@ -261,7 +264,7 @@ def ordered(k: str, sem: str, group: int) -> dict[str, str]:
         "head_of_it": f"it % {group}", "tile_of_it": f"tiles - 1 - it // {group}",
         "dq_init": "    prev_turn = 0",
         "dq_pass": f"        if it > 0:\n            {k}_pass_turn({sem} + prev_turn)",
-        "dq_turn": f"        cur_turn = {where}\n        {k}_take_turn({sem} + cur_turn, n)",
+        "dq_turn": f"        cur_turn = {where}\n        {k}_take_turn({sem} + cur_turn, n - ({first_block}))",
         "dq_next": "        prev_turn = cur_turn",
         "dq_last": f"    if tiles > 0:\n        {k}_pass_turn({sem} + prev_turn)",
     }

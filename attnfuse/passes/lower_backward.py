@@ -110,14 +110,14 @@ class _Builder:
         self.any_pre = bool(_pre_kernel(program.q.transforms) or _pre_kernel(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
-        self.hopper = hopper_backward != "off" and self._hopper_eligible(hopper_backward == "ordered")
+        self.hopper = hopper_backward != "off" and self._hopper_eligible()
         self.ordered = self.hopper and hopper_backward == "ordered"
 
-    def _hopper_eligible(self, ordered: bool) -> bool:
+    def _hopper_eligible(self) -> bool:
         p = self.program
         kernel_transforms = bool(self.in_kernel(p.q.transforms) or self.in_kernel(p.k.transforms))
         reason = hopper_ineligible_reason(p, kernel_transforms=kernel_transforms, packed=packed_batch(p) is not None,
-                                          count_tiles=self.count_tiles, ordered=ordered)
+                                          count_tiles=self.count_tiles)
         if reason is not None:
             logger.debug("@%s: Hopper backward schedule not used: %s", self.name, reason)
         return reason is None
@@ -454,8 +454,8 @@ class LowerBackwardPass(ModulePass):
     instead of 7) for the programs it serves, run on sm_90 for shape classes whose
     operands TMA can read (the Triton kernels otherwise). dQ is summed across CTAs by TMA
     reduce-adds: `ordered` makes the key blocks add in block order (reproducible
-    gradients, bands without a lower bound), `unordered` lets them add as they come (not
-    bitwise reproducible). `off` keeps the Triton kernels only."""
+    gradients), `unordered` lets them add as they come (not bitwise reproducible). `off`
+    keeps the Triton kernels only."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)

@@ -1,7 +1,7 @@
 """The Hopper backward schedule (warp-specialized Gluon kernel, dQ by TMA reduce-adds) on
 an sm_90 GPU: for every program of `BACKWARD_ELIGIBLE` (tests/lowering/hopper_programs.py),
 dQ, dK and dV against the float64 reference (in the `hopper-backward` mode the program
-lists: `ordered` unless its band has a lower bound) and against the Triton backward
+lists: `ordered`, and `unordered` for one window program) and against the Triton backward
 (`lower-backward` without `hopper-backward`) on the same inputs and upstream gradient,
 at a real size, with more queries than keys and fewer (bottom-right causal, where the
 first rows see no key), and at lengths that are not multiples of 128, which must fall
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
 
-from hopper_programs import BACKWARD_ELIGIBLE, ELIGIBLE, backward_pipeline  # noqa: E402
+from hopper_programs import BACKWARD_ELIGIBLE, backward_pipeline  # noqa: E402
 
 import attnfuse  # noqa: E402
 from attnfuse import reference  # noqa: E402
@@ -39,7 +39,7 @@ _FNS: dict[tuple[str, str], Any] = {}
 def compiled(name: str, mode: str) -> Any:
     """`name` with lower-backward{hopper-backward=mode} (`off`: the Triton backward)."""
     if (name, mode) not in _FNS:
-        _FNS[(name, mode)] = attnfuse.compile(ELIGIBLE[name][0], pipeline=backward_pipeline(hopper=mode))
+        _FNS[(name, mode)] = attnfuse.compile(BACKWARD_ELIGIBLE[name][0], pipeline=backward_pipeline(hopper=mode))
     return _FNS[(name, mode)]
 
 
@@ -65,10 +65,10 @@ def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[f
 
 
 def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: bool) -> dict[str, Any]:
-    text = ELIGIBLE[name][0]
+    text = BACKWARD_ELIGIBLE[name][0]
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, batch, q_len, kv_len, device="cuda", seed=q_len + kv_len)
-    on, off = compiled(name, BACKWARD_ELIGIBLE[name]), compiled(name, "off")
+    on, off = compiled(name, BACKWARD_ELIGIBLE[name][1]), compiled(name, "off")
     out = on(*args)
     d_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(out.dtype)
     before = plan_keys(on)
@@ -96,6 +96,7 @@ def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: boo
 
 CASES = [
     *[(n, 2, 1024, 1024, True) for n in BACKWARD_ELIGIBLE if n != "bottom_right"],
+    ("window_ordered", 1, 2048, 2048, True),
     ("llama3", 1, 2048, 2048, True),
     ("bottom_right", 2, 512, 1024, True),
     ("bottom_right", 1, 512, 256, True),  # more queries than keys: the first 256 rows see nothing
@@ -113,7 +114,7 @@ def test_hopper_backward_matches_reference(name: str, batch: int, q_len: int, kv
 def test_ordered_gradients_are_reproducible() -> None:
     """Two backward passes on the same inputs give the same bits with `ordered` (dK and dV
     are written once; dQ tiles are summed in key-block order)."""
-    text = ELIGIBLE["llama3"][0]
+    text = BACKWARD_ELIGIBLE["llama3"][0]
     function = find_functions(parse_module_with_locations(make_context(), text, "llama3")[0])[0]
     args = make_inputs(function, 4, 2048, 2048, device="cuda", seed=5)
     fn = compiled("llama3", "ordered")
@@ -129,7 +130,7 @@ def test_ordered_gradients_are_reproducible() -> None:
 def test_non_contiguous_k_falls_back() -> None:
     """window reads K as given (no pre-kernel): a [B, S, H, D]-strided K cannot be a TMA
     descriptor over [B*H*S, D]."""
-    text = ELIGIBLE["window"][0]
+    text = BACKWARD_ELIGIBLE["window"][0]
     function = find_functions(parse_module_with_locations(make_context(), text, "window")[0])[0]
     args = make_inputs(function, 1, 256, 256, device="cuda", seed=0)
     args[1] = args[1].transpose(1, 2).contiguous().transpose(1, 2)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from hopper_programs import BACKWARD_ELIGIBLE, BACKWARD_INELIGIBLE, ELIGIBLE, backward_pipeline
+from hopper_programs import BACKWARD_ELIGIBLE, BACKWARD_INELIGIBLE, backward_pipeline
+from programs import Builder
 from test_hopper_forward import lower, ops_of
 
 import attnfuse
@@ -27,6 +30,7 @@ from attnfuse import reference
 from attnfuse.backends.gluon.sm90 import SHARED_MEMORY_LIMIT
 from attnfuse.dialects import tile_hopper as th
 from attnfuse.dialects.host import AllocOp, LaunchOp, TmaReadyOp
+from attnfuse.dialects.attn import OnlineSoftmaxOp
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.pass_manager import make_context
 from attnfuse.program import find_functions
@@ -43,8 +47,7 @@ def backward_launches(module: object) -> list[tuple[str, bool, bool]]:
 
 @pytest.mark.parametrize("name", sorted(BACKWARD_ELIGIBLE))
 def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
-    text, _ = ELIGIBLE[name]
-    mode = BACKWARD_ELIGIBLE[name]
+    text, mode = BACKWARD_ELIGIBLE[name]
     module = lower(text, backward_pipeline(hopper=mode))
     kernels = [k.sym_name.data for k in ops_of(module, th.KernelOp)]
     assert f"{name}_bwd_ws" in kernels
@@ -62,7 +65,8 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     # ordered: a zeroed int32 counter per (batch, q head, 64-row tile, column half)
     turns = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
     assert len(turns) == (mode == "ordered")
-    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, n)" in kernel.template.data) == (mode == "ordered")
+    turn = "n - (gl.maximum((t_start + 0 + -200) // 128, 0))" if name == "window_ordered" else "n - (0)"
+    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, {turn})" in kernel.template.data) == (mode == "ordered")
     if turns:
         q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
         assert turns[0].zero is not None
@@ -80,14 +84,14 @@ def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.
 
 
 def test_off_by_default() -> None:
-    text, _ = ELIGIBLE["llama3"]
+    text, _ = BACKWARD_ELIGIBLE["llama3"]
     module = lower(text, backward_pipeline(hopper="off"))
     assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert not any(g for _, g, _ in backward_launches(module))
 
 
 def test_planned_masks_run_on_masked_tiles_only() -> None:
-    module = lower(ELIGIBLE["window"][0], backward_pipeline(hopper="unordered"))
+    module = lower(BACKWARD_ELIGIBLE["window"][0], backward_pipeline(hopper="unordered"))
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp) if "_bwd_ws" in f.sym_name.data]
     assert names == ["window_bwd_ws_range", "window_bwd_ws_mask"]
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
@@ -98,12 +102,12 @@ def test_planned_masks_run_on_masked_tiles_only() -> None:
 _COMPILE = """
 import json, sys
 sys.path.insert(0, {here!r})
-from hopper_programs import BACKWARD_ELIGIBLE, ELIGIBLE, backward_pipeline
+from hopper_programs import BACKWARD_ELIGIBLE, backward_pipeline
 from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
 from test_hopper_forward import lower
 out = {{}}
-for name, mode in BACKWARD_ELIGIBLE.items():
-    out.update(compile_module_for_sm90(lower(ELIGIBLE[name][0], backward_pipeline(hopper=mode, forward_hopper=False))))
+for name, (text, mode) in BACKWARD_ELIGIBLE.items():
+    out.update(compile_module_for_sm90(lower(text, backward_pipeline(hopper=mode, forward_hopper=False))))
 print(json.dumps(out))
 """
 
@@ -128,13 +132,14 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
         assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 
-@pytest.mark.parametrize(("name", "q_len", "kv_len"), [("llama3", 40, 40), ("bottom_right", 24, 56), ("window", 70, 70)])
+@pytest.mark.parametrize(("name", "q_len", "kv_len"), [("llama3", 40, 40), ("bottom_right", 24, 56), ("window", 70, 70),
+                                                        ("window_ordered", 70, 70)])
 def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) -> None:
     """On the CPU the guard is false: the Triton kernels add into the f32 dQ buffer, whose
     transposes (or cast) follow; the gradients match the float64 reference (f16: the
     interpreter truncates bf16)."""
-    text = with_dtype(ELIGIBLE[name][0], "f16")
-    fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=BACKWARD_ELIGIBLE[name]))
+    text = with_dtype(BACKWARD_ELIGIBLE[name][0], "f16")
+    fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=BACKWARD_ELIGIBLE[name][1]))
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, 1, q_len, kv_len, seed=3)
     leaves = [t.clone().requires_grad_() for t in args]
@@ -146,3 +151,53 @@ def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) ->
     for what, leaf, ref in zip("qkv", leaves, refs):
         assert ref.grad is not None
         assert_grad_close(leaf.grad, ref.grad, torch.float16, f"d{what}")
+
+
+def _walk(n: int, band: tuple[int | None, int | None], q_len: int, kv_len: int, bottom_right: bool) -> list[int]:
+    """The q tiles (first rows) of key block n, as `backward.q_walk` and the kernel's
+    `_range` function compute them (64-row tiles, 128-key blocks)."""
+    lower, upper = band
+    n_start, diag = n * 128, (kv_len - q_len if bottom_right else 0)
+    lo, hi = 0, q_len
+    if upper is not None:
+        lo = max(n_start - diag - upper, 0) // 64 * 64
+    if lower is not None:
+        hi = min(q_len, max(n_start + 128 - diag - lower, 0))
+    if upper is not None and n_start - diag - upper >= q_len:
+        hi = lo
+    return list(range(lo, lo + 64 * (-(-max(hi - lo, 0) // 64)), 64))
+
+
+class _MaxOnly:
+    maximum = staticmethod(max)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_ordered_turns_follow_the_walk(align: str) -> None:
+    """`ordered`: the key blocks whose walks hold a q tile are consecutive, and the first
+    is the template's `first_block` expression (evaluated here in Python, where `//`
+    floors: the kernel's truncating division clamps to the same value at 0)."""
+    rng = random.Random(0)
+    masks: list[dict[str, Any]] = [{"kind": "causal"}, {"kind": "none"}]
+    masks += [{"kind": "sliding_window", "left": rng.randint(1, 700)} for _ in range(4)]
+    masks += [{"kind": "sliding_window", "left": rng.randint(0, 700), "right": rng.randint(0, 300)} for _ in range(4)]
+    for mask in masks:
+        b = Builder("turns", hq=4, hkv=2, d=64, dtype="bf16")
+        options = {k: v for k, v in mask.items() if k != "kind"}
+        if mask["kind"] != "none":
+            b.mask(mask["kind"], align=align, **options)
+        module = lower(b.build().text, "attn-canonicalize,rope-fusion,online-softmax,mask-tiling,"
+                       "lower-backward{hopper-backward=ordered}")
+        (online,) = ops_of(module, OnlineSoftmaxOp)
+        band = online.plan.get_band()
+        bottom_right = online.plan.is_bottom_right()
+        (hopper,) = ops_of(module, th.KernelOp)
+        expr = hopper.template.data.split("_take_turn(dQ_turns + cur_turn, n - (")[1].split("))\n")[0]
+        for _ in range(20):
+            q_len, kv_len = 128 * rng.randint(1, 10), 128 * rng.randint(1, 10)
+            walks = [set(_walk(n, band, q_len, kv_len, bottom_right)) for n in range(kv_len // 128)]
+            for t in range(0, q_len, 64):
+                blocks = [n for n, w in enumerate(walks) if t in w]
+                if blocks:
+                    first = eval(expr, {"gl": _MaxOnly, "t_start": t, "Sq": q_len, "Skv": kv_len})  # noqa: S307
+                    assert blocks == list(range(first, first + len(blocks))), (mask, q_len, kv_len, t, blocks, expr)
