@@ -1,7 +1,8 @@
 """The Gluon template of the Hopper backward schedule (FA3-style: dK, dV and dQ in one
 warp-specialized kernel, dQ reduced across CTAs by TMA).
 
-From `bench/prototypes/gluon_bwd.py` (measured on an H200, run 18: 1652 us against
+From the prototype `bench/prototypes/gluon_bwd.py` (in git up to commit d56cc71; removed
+once this lowering replaced it; measured on an H200, run 18: 1652 us against
 cuDNN's bprop kernel's 1433 us and the Triton dK/dV + dQ kernels' 2176 us at
 Llama-3-8B, B=8, S=2048), generalized to any band the tile plan describes, any GQA
 group and head dims 64 and 128. One CTA owns 128 keys of one (batch, kv head):
