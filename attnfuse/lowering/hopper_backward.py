@@ -7,7 +7,8 @@ the tile-IR device functions the template calls:
 * `<name>_range`: the q walk of a block of 128 keys from the tile plan's band (first
   query row, number of 64-row tiles, and the rows [full_lo, full_hi) whose tiles need
   no mask), the transpose of the forward's KV walk (`backward.q_walk`);
-* `<name>_mask`: the planned masks on an S^T tile (keys along dim 0).
+* `<name>_score`: ALiBi (constant slopes) on every S^T tile (keys along dim 0);
+* `<name>_mask`: the planned masks on the S^T tiles at the band's edges.
 
 Q, dO, K, V, LSE, delta and the f32 dQ buffer go through TMA descriptors over their
 [rows, D] (or flat) views, so the kernel serves contiguous operands with both lengths
@@ -32,7 +33,7 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i3
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import tl_dtype
-from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk
@@ -91,8 +92,10 @@ def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, pac
     if program.scores.scale_value() <= 0:
         return "a scale that is not positive"
     for op in program.score_ops:
-        if not isinstance(op, MaskOp):
-            return f"score op {op.name} (the schedule recomputes P with masks only)"
+        if isinstance(op, BiasOp) and (op.kind_name == "tensor" or op.slopes is not None):
+            return "a bias with a gradient (a bias tensor or learnable ALiBi slopes)"
+        if not isinstance(op, (MaskOp, BiasOp)):
+            return f"score op {op.name} (the schedule recomputes P with masks and ALiBi only)"
     return None
 
 
@@ -116,7 +119,12 @@ class HopperBackward(DeviceFunctions):
         self.sig = sig
         self.dk_arg, self.dv_arg = sig.tensor("dK", dk), sig.tensor("dV", dv)
         self.turns_arg = sig.tensor("dQ_turns", dq_turns) if dq_turns is not None else None
-        self.chain = ScoreChain(program.score_ops, sig, host_table, planned)
+        # ALiBi on every tile (`_score`), the masks on the tiles at the band's edges (`_mask`):
+        # both are additive or -inf, so their order does not matter. ALiBi as slope times the
+        # distance tile: its per-key / per-query vector form spilled 372 bytes at D = 128.
+        self.biases = ScoreChain([op for op in program.score_ops if isinstance(op, BiasOp)], sig, host_table, set(),
+                                 alibi_vectors=False)
+        self.masks = ScoreChain([op for op in program.score_ops if isinstance(op, MaskOp)], sig, host_table, planned)
         self.q_len_arg = sig.scalar("Sq", q_len)
         self.kv_len_arg = sig.scalar("Skv", kv_len)
 
@@ -130,18 +138,22 @@ class HopperBackward(DeviceFunctions):
         results = [x if isinstance(x, SSAValue) else b.constant(x, i32) for x in (lo, n_tiles, f0 or 0, f1 or 0)]
         return self._finish(op, b, *results)
 
-    def _mask_function(self) -> FuncOp:
+    def _tile_function(self, suffix: str, chain: ScoreChain) -> FuncOp:
+        """`chain` on an Sᵀ tile (keys along dim 0) in units of the scale: the output times
+        the scale is the chain's output (`ScoreChain.apply_scaled`)."""
         leading: list[tuple[str, Attribute]] = [
             ("s", TensorType(f32, [BLOCK_N // 2, BLOCK_M])), ("keys", TensorType(i32, [BLOCK_N // 2])),
-            ("rows", TensorType(i32, [BLOCK_M])), ("batch", i32), ("head", i32)]
-        op, b = self._function("mask", leading)
-        s, keys, rows, batch, head = op.args[:5]
+            ("rows", TensorType(i32, [BLOCK_M])), ("batch", i32), ("head", i32), ("key0", i32)]
+        op, b = self._function(suffix, leading)
+        s, keys, rows, batch, head, key0 = op.args[:6]
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         # In bounds by construction: the schedule runs only when both lengths are multiples of 128.
         valid = b.and_(b.expand_dims(b.lt(keys, kv_len), 1), b.expand_dims(b.lt(rows, q_len), 0), name="valid")
-        at = TileCoords(batch, head, rows, keys, q_len, kv_len, valid, transposed=True)
-        return self._finish(op, b, self.chain.apply(b, s, at, full_tile=False))
+        at = TileCoords(batch, head, rows, keys, q_len, kv_len, valid, transposed=True, kv_start=key0)
+        t, k = chain.apply_scaled(b, s, self.scale, at, full_tile=False)
+        assert k == self.scale  # masks and biases keep the scale symbolic
+        return self._finish(op, b, t)
 
     def _first_block(self) -> str:
         """The first key block whose q walk (`q_walk`) holds the tile at row `t_start`, as a
@@ -157,13 +169,16 @@ class HopperBackward(DeviceFunctions):
         """The device functions, then the kernel."""
         functions = [self._range_function()]
         args = ", ".join(n for n, _ in self._decls())
-        mask_step = ""
-        if self.program.score_ops:
-            functions.append(self._mask_function())
-            mask_step = "\n".join([
-                "        if (t_start < full_lo) | (t_start >= full_hi):",
-                f"            s_t = {functions[1].sym_name.data}(s_t, keys, t_start + gl.arange(0, BM, "
-                f"layout=col_layout), batch, head, {args})"])
+        steps: list[str] = []
+        call = "(s_t, keys, t_start + gl.arange(0, BM, layout=col_layout), batch, head, key0, {})".format(args)
+        if self.biases.ops:
+            functions.append(self._tile_function("score", self.biases))
+            steps.append(f"        s_t = {functions[-1].sym_name.data}{call}")
+        if self.masks.ops:
+            functions.append(self._tile_function("mask", self.masks))
+            steps += ["        if (t_start < full_lo) | (t_start >= full_hi):",
+                      f"            s_t = {functions[-1].sym_name.data}{call}"]
+        mask_step = "\n".join(steps)
         dk, dv = self.dk_arg.name, self.dv_arg.name
         text = TEMPLATE.substitute(
             k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, stages=STAGES, scale=repr(self.scale),

@@ -29,7 +29,8 @@ is where the window's lower edge puts it).
 
 What is problem-specific comes from tile IR device functions: `$range_fn` (the q walk
 of a key block: first row, tile count, rows [full_lo, full_hi) that need no mask) and
-the mask function of `$mask_step` (the planned masks on an S^T tile, keys along dim 0).
+the functions of `$mask_step` (ALiBi on every S^T tile, the planned masks on the tiles
+at the band's edges; keys along dim 0).
 """
 
 from __future__ import annotations

@@ -117,8 +117,22 @@ INELIGIBLE: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _learnable_slopes() -> str:
+    b = Builder("learnable_slopes", hq=4, hkv=2, d=64, dtype="bf16")
+    b.alibi(slopes=True).mask("causal")
+    return b.build().text
+
+
+def _alibi_window() -> str:
+    """ALiBi before a one-sided sliding window, GQA, head dim 128, bottom-right."""
+    b = Builder("alibi_window", hq=8, hkv=2, d=128, dtype="bf16")
+    b.rope(theta=10000.0).alibi().mask("sliding_window", left=300, align="bottom_right")
+    return b.build().text
+
+
 BACKWARD_ELIGIBLE: dict[str, tuple[str, str]] = {
-    **{n: (ELIGIBLE[n][0], "ordered") for n in ("llama3", "llama3_1", "qwen3", "bottom_right", "d64")},
+    **{n: (ELIGIBLE[n][0], "ordered") for n in ("llama3", "llama3_1", "qwen3", "bottom_right", "d64", "alibi")},
+    "alibi_window": (_alibi_window(), "ordered"),
     "window": (ELIGIBLE["window"][0], "unordered"),
     "window_ordered": (_window("window_ordered"), "ordered"),
 }
@@ -127,7 +141,7 @@ BACKWARD_ELIGIBLE: dict[str, tuple[str, str]] = {
 
 BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "gemma2_like": (_gemma2_like(), backward_pipeline(), "score op attn.softcap"),
-    "alibi": ((EXAMPLES / "alibi.attn").read_text(), backward_pipeline(), "score op attn.bias"),
+    "learnable_slopes": (_learnable_slopes(), backward_pipeline(), "learnable ALiBi slopes"),
     "score_mod": (_score_mod(), backward_pipeline(), "score op attn.score_mod"),
     "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), backward_pipeline(), "attention sinks"),
     "document": ((EXAMPLES / "document.attn").read_text(), backward_pipeline(), "runtime block map"),

@@ -65,8 +65,7 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     # ordered: a zeroed int32 counter per (batch, q head, 64-row tile, column half)
     turns = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
     assert len(turns) == (mode == "ordered")
-    turn = "n - (gl.maximum((t_start + 0 + -200) // 128, 0))" if name == "window_ordered" else "n - (0)"
-    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, {turn})" in kernel.template.data) == (mode == "ordered")
+    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, n - (" in kernel.template.data) == (mode == "ordered")
     if turns:
         q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
         assert turns[0].zero is not None
@@ -125,15 +124,17 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
     for name, r in resources.items():
         # at most a few scalars in local memory: 32 bytes for the two-sided window's mask
         # code, 4-20 for the ordered variant's walk (its spin loop is PTX: the same loop in
-        # the IR spilled some 200 bytes of tiles)
-        assert r["spill_bytes"] <= 32 and r["local_loads"] <= 9, (name, r)
+        # the IR spilled some 200 bytes of tiles), 48 for ALiBi with a window at D = 128
+        # (ALiBi from per-key and per-query vectors spilled 372)
+        assert r["spill_bytes"] <= 48 and r["local_loads"] <= 12, (name, r)
         assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
         assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] == 2, (name, r)
         assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 
 @pytest.mark.parametrize(("name", "q_len", "kv_len"), [("llama3", 40, 40), ("bottom_right", 24, 56), ("window", 70, 70),
-                                                        ("window_ordered", 70, 70)])
+                                                        ("window_ordered", 70, 70), ("alibi", 50, 50),
+                                                        ("alibi_window", 40, 90)])
 def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) -> None:
     """On the CPU the guard is false: the Triton kernels add into the f32 dQ buffer, whose
     transposes (or cast) follow; the gradients match the float64 reference (f16: the
