@@ -14,8 +14,9 @@ Q, dO, K, V, LSE, delta and the f32 dQ buffer go through TMA descriptors over th
 [rows, D] (or flat) views, so the kernel serves contiguous operands with both lengths
 multiples of 128 (`host.tma_ready` decides per shape class; the Triton dQ and dK/dV
 kernels run otherwise). dQ is accumulated across CTAs by TMA reduce-adds into a zeroed
-f32 buffer: the order of the additions is not fixed, so the schedule is an option
-(`lower-backward{hopper-backward}`), off by default.
+f32 buffer, in key-block order (`hopper-backward=ordered`, per-tile counters in a zeroed
+int32 buffer) or as they come (`unordered`, not bitwise reproducible). The schedule is
+an option of `lower-backward`, off by default.
 
 ```mlir
 %use_hopper_bwd = host.tma_ready %q, %d_out, %k, %v, %lse, %delta, %d_q {arch = 9 : i64, rows = 128 : i64} : ...
