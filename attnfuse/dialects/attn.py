@@ -4,6 +4,11 @@ Tensors use the `[batch, heads, seq, head_dim]` layout; batch and sequence dims 
 dynamic (`?`). Grouped-query attention is implied by head counts (`Hq % Hkv == 0`).
 See docs/dialect.md for the full reference.
 
+This module defines `attn.scores`, `attn.softmax`, `attn.dropout` and
+`attn.weighted_sum`, and the dialect; the other ops live beside it and are re-exported
+here: `attn.rope` and `attn.qk_norm` in `attn_qk`, the score ops and `attn.yield` in
+`attn_score_ops`, `attn.online_softmax` in `attn_online`.
+
 ```mlir
 func.func @llama3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
                   %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
@@ -23,240 +28,41 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from xdsl.dialects.builtin import (
-    FloatAttr,
-    IndexType,
-    IntegerAttr,
-    IntegerType,
-    StringAttr,
-    TensorType,
-    f32,
-    i1,
-)
-from xdsl.ir import Attribute, Dialect, Region
+from xdsl.dialects.builtin import FloatAttr, IntegerType, TensorType, f32
+from xdsl.ir import Dialect
 from xdsl.irdl import (
     AttrSizedOperandSegments,
-    IRDLOperation,
     base,
     irdl_op_definition,
-    lazy_traits_def,
     operand_def,
     opt_operand_def,
     opt_prop_def,
     opt_result_def,
-    region_def,
     result_def,
     traits_def,
-    var_operand_def,
 )
-from xdsl.traits import HasParent, IsTerminator, Pure
+from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_online import OnlineSoftmaxOp, TilePlanAttr
 from attnfuse.dialects.attn_paged import verify_paged_operands
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
-from attnfuse.dialects.attn_syntax import AttnSyntaxOp
+from attnfuse.dialects.attn_syntax import AttnSyntaxOp, check_same_type
 from attnfuse.dialects.attn_types import (
     DYNAMIC,
-    F32_MAX,
     Option,
     ProbsType,
     ScoresType,
     cu_seqlens_type,
     dims_compatible,
     format_dims,
-    int_tensor,
     qkv_shape,
     vector_shape,
 )
-
-PLACEMENT = Option(
-    "placement",
-    str,
-    "auto",
-    ("auto", "kernel", "prekernel"),
-    "where the transform runs: chosen by rope-fusion, inside the attention kernel, "
-    "or in a generated pre-kernel",
-)
-
-
-def _check_same_type(op: IRDLOperation, a: Attribute, b: Attribute, what: str) -> None:
-    if a != b:
-        raise VerifyException(f"{op.name}: {what} must have type {a}, got {b}")
-
-
-def _check_region_args(region: Region, expected: list[Attribute], op_name: str, what: str) -> None:
-    if not region.blocks:
-        raise VerifyException(f"{op_name}: {what} needs a region")
-    if len(region.blocks) != 1:
-        raise VerifyException(f"{op_name}: {what} region must have a single block")
-    got = [a.type for a in region.block.args]
-    if got != expected:
-        shown = ", ".join(str(t) for t in expected)
-        raise VerifyException(
-            f"{op_name}: {what} region arguments must be ({shown}), got "
-            f"({', '.join(str(t) for t in got)})"
-        )
-    last = region.block.last_op
-    if not isinstance(last, YieldOp):
-        raise VerifyException(f"{op_name}: {what} region must end with attn.yield")
-
-
-def _check_yield(region: Region, expected: Attribute, op_name: str) -> None:
-    last = region.block.last_op
-    assert isinstance(last, YieldOp)
-    types = [v.type for v in last.values]
-    if types != [expected]:
-        raise VerifyException(f"{op_name}: region must yield one {expected}, got {types}")
-
+from attnfuse.dialects.attn_qk import QKNormOp, RopeOp
+from attnfuse.dialects.attn_score_ops import SCORE_OPS, BiasOp, MaskOp, ScoreModOp, SoftcapOp, YieldOp
 
 # =============================================================================== ops
-
-
-@irdl_op_definition
-class RopeOp(AttnSyntaxOp):
-    """Rotary position embedding of Q or K over head_dim.
-
-    Positions are `index + offset`, or an explicit `positions` operand (`[S]` or `[B, S]`).
-
-    ```mlir
-    %qr = attn.rope %q {theta = 500000.0, scaling = "llama3", factor = 8.0} : tensor<?x32x?x128xbf16>
-    %kr = attn.rope %k positions %pos {style = "interleaved"} : tensor<?x8x?x64xf16>, tensor<?x?xi32>
-    ```
-    """
-
-    name = "attn.rope"
-    input = operand_def(TensorType)
-    positions = opt_operand_def(TensorType)
-    output = result_def(TensorType)
-    theta = opt_prop_def(FloatAttr)
-    style = opt_prop_def(StringAttr)
-    rotary_dim = opt_prop_def(IntegerAttr)
-    offset = opt_prop_def(IntegerAttr)
-    scaling = opt_prop_def(StringAttr)
-    factor = opt_prop_def(FloatAttr)
-    low_freq_factor = opt_prop_def(FloatAttr)
-    high_freq_factor = opt_prop_def(FloatAttr)
-    original_max_position = opt_prop_def(IntegerAttr)
-    beta_fast = opt_prop_def(FloatAttr)
-    beta_slow = opt_prop_def(FloatAttr)
-    truncate = opt_prop_def(IntegerAttr)
-    attention_factor = opt_prop_def(FloatAttr)
-    placement = opt_prop_def(StringAttr)
-    traits = traits_def(Pure())
-
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("positions",)
-    OPTIONS: ClassVar[tuple[Option, ...]] = (
-        Option("theta", float, 10000.0, doc="base of the rotation frequencies"),
-        Option("style", str, "half", ("half", "interleaved"), "pair layout: Llama/HF or GPT-J"),
-        Option("rotary_dim", int, None, doc="rotate only the first rotary_dim dims (even)"),
-        Option("offset", int, 0, doc="added to the sequence index to form positions"),
-        Option("scaling", str, "none", ("none", "linear", "llama3", "yarn")),
-        Option("factor", float, 1.0, doc="context-extension factor of the scaling"),
-        Option("low_freq_factor", float, 1.0, doc="llama3 scaling"),
-        Option("high_freq_factor", float, 4.0, doc="llama3 scaling"),
-        Option("original_max_position", int, 8192, doc="llama3 / yarn pre-training context"),
-        Option("beta_fast", float, 32.0, doc="yarn ramp bound (rotations)"),
-        Option("beta_slow", float, 1.0, doc="yarn ramp bound (rotations)"),
-        Option("truncate", int, 1, doc="yarn: round the ramp bounds to integers (1) or not (0, gpt-oss)"),
-        Option("attention_factor", float, None, doc="yarn cos/sin scale, default 0.1 ln(factor) + 1"),
-        PLACEMENT,
-    )
-
-    def head_dim(self) -> int:
-        return qkv_shape(self.input.type, "rope input")[3]
-
-    def rotary_width(self) -> int:
-        """Number of rotated dims (all of head_dim unless `rotary_dim` is given)."""
-        width = self.option("rotary_dim")
-        return self.head_dim() if width is None else int(width)
-
-    def max_log10_frequency(self) -> float:
-        """log10 of a bound on the inverse frequencies, theta^(-2i/w) / factor (the
-        kernels keep them in f32)."""
-        width = self.rotary_width()
-        bound = max(0.0, -(width - 2) / width * math.log10(self.float_option("theta")))
-        if self.str_option("scaling") != "none":
-            bound += max(0.0, -math.log10(self.float_option("factor")))
-        return bound
-
-    def verify_(self) -> None:
-        d = qkv_shape(self.input.type, "rope input")[3]
-        _check_same_type(self, self.input.type, self.output.type, "result")
-        width = self.rotary_width()
-        if width % 2 or width < 2 or width > d:
-            raise VerifyException(
-                f"attn.rope: rotary_dim must be even and in [2, {d}], got {width}"
-            )
-        if self.float_option("theta") <= 0:
-            raise VerifyException("attn.rope: theta must be positive")
-        if self.float_option("factor") <= 0:
-            raise VerifyException("attn.rope: factor must be positive")
-        if self.max_log10_frequency() > math.log10(F32_MAX):
-            raise VerifyException(
-                "attn.rope: theta and factor give rotation frequencies beyond the f32 "
-                "range (theta^(-2i/rotary_dim) / factor > 3.4e38)"
-            )
-        if self.str_option("scaling") == "llama3" and not (
-            self.float_option("high_freq_factor") > self.float_option("low_freq_factor") > 0
-        ):
-            raise VerifyException("attn.rope: llama3 scaling needs high_freq_factor > low_freq_factor > 0")
-        if self.str_option("scaling") in ("llama3", "yarn") and self.int_option("original_max_position") <= 0:
-            raise VerifyException("attn.rope: original_max_position must be positive")
-        if self.str_option("scaling") == "yarn":
-            # (the yarn ramp takes log(original_max_position / (2 pi beta)) / log(theta))
-            if not (self.float_option("beta_fast") > 0 and self.float_option("beta_slow") > 0):
-                raise VerifyException("attn.rope: yarn scaling needs beta_fast > 0 and beta_slow > 0")
-            if self.float_option("theta") <= 1:
-                raise VerifyException("attn.rope: yarn scaling needs theta > 1")
-            if self.int_option("truncate") not in (0, 1):
-                raise VerifyException("attn.rope: truncate must be 0 or 1")
-        if self.positions is not None:
-            pos_type = self.positions.type
-            if not isinstance(pos_type, TensorType) or len(pos_type.get_shape()) not in (1, 2):
-                raise VerifyException("attn.rope: positions must be tensor<?xi32> or tensor<?x?xi32>")
-            int_tensor(pos_type, "attn.rope positions", len(pos_type.get_shape()))
-            if self.int_option("offset"):
-                raise VerifyException("attn.rope: give either positions or offset, not both")
-
-
-@irdl_op_definition
-class QKNormOp(AttnSyntaxOp):
-    """RMS normalisation of each Q or K row over head_dim, with an optional weight.
-
-    `y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset)` (Qwen3, OLMo2; Gemma3 uses
-    `weight_offset = 1.0`).
-
-    ```mlir
-    %qn = attn.qk_norm %q weight %wq {eps = 1e-06} : tensor<?x32x?x128xbf16>, tensor<128xf32>
-    ```
-    """
-
-    name = "attn.qk_norm"
-    input = operand_def(TensorType)
-    weight = opt_operand_def(TensorType)
-    output = result_def(TensorType)
-    eps = opt_prop_def(FloatAttr)
-    weight_offset = opt_prop_def(FloatAttr)
-    placement = opt_prop_def(StringAttr)
-    traits = traits_def(Pure())
-
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("weight",)
-    OPTIONS: ClassVar[tuple[Option, ...]] = (
-        Option("eps", float, 1e-6, doc="added to the mean square"),
-        Option("weight_offset", float, 0.0, doc="added to the weight (Gemma: 1.0)"),
-        PLACEMENT,
-    )
-
-    def verify_(self) -> None:
-        d = qkv_shape(self.input.type, "qk_norm input")[3]
-        _check_same_type(self, self.input.type, self.output.type, "result")
-        if self.weight is not None:
-            vector_shape(self.weight.type, "attn.qk_norm weight", d)
-        if self.float_option("eps") < 0:
-            raise VerifyException("attn.qk_norm: eps must be >= 0")
 
 
 @irdl_op_definition
@@ -347,225 +153,6 @@ class ScoresOp(AttnSyntaxOp):
                                       "(one [len_q, len_k] block per sequence)")
 
 
-class _ScoresToScoresOp(AttnSyntaxOp):
-    """Ops that map scores to scores of the same type."""
-
-    def scores_type(self) -> ScoresType:
-        ty = self.operands[0].type
-        assert isinstance(ty, ScoresType)
-        return ty
-
-    def _check_result(self) -> None:
-        _check_same_type(self, self.operands[0].type, self.results[0].type, "result")
-
-
-@irdl_op_definition
-class BiasOp(_ScoresToScoresOp):
-    """Additive bias: ALiBi (`S += slope[h] * (kv_idx - q_idx)`) or a bias tensor.
-
-    The tensor is broadcast over `[B, H, Sq, Skv]` (each dim 1 or full). ALiBi slopes are
-    the standard geometric ones of `max_bias`, or a `slopes` operand (learnable).
-
-    ```mlir
-    %s1 = attn.bias alibi %s : !attn.scores<?x16x?x?xf32>
-    %s2 = attn.bias tensor %s, %b : !attn.scores<?x8x?x?xf32>, tensor<1x8x?x?xf32>
-    ```
-    """
-
-    name = "attn.bias"
-    input = operand_def(ScoresType)
-    bias = var_operand_def(TensorType)
-    slopes = opt_operand_def(TensorType)
-    output = result_def(ScoresType)
-    kind = opt_prop_def(StringAttr)
-    max_bias = opt_prop_def(FloatAttr)
-    irdl_options = (AttrSizedOperandSegments(as_property=True),)
-    traits = traits_def(Pure())
-
-    KINDS: ClassVar[tuple[str, ...]] = ("alibi", "tensor")
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    VARIADIC: ClassVar[str | None] = "bias"
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("slopes",)
-    OPTIONS: ClassVar[tuple[Option, ...]] = (Option("max_bias", float, 8.0, doc="ALiBi: slopes 2^(-max_bias * i / H)"),)
-
-    def verify_(self) -> None:
-        self._check_result()
-        b, h, sq, skv = self.scores_type().dims
-        if "kind" not in self.properties:
-            raise VerifyException("attn.bias: kind must be given (alibi or tensor)")
-        if self.kind_name == "alibi":
-            if self.bias:
-                raise VerifyException("attn.bias alibi takes no bias tensor")
-            if self.slopes is not None:
-                vector_shape(self.slopes.type, "attn.bias slopes", h)
-            return
-        if len(self.bias) != 1 or self.slopes is not None:
-            raise VerifyException("attn.bias tensor takes exactly one bias tensor operand")
-        ty = self.bias[0].type
-        if not isinstance(ty, TensorType) or len(ty.get_shape()) != 4:
-            raise VerifyException(
-                f"attn.bias: bias must be a rank-4 tensor broadcast over [B, H, Sq, Skv], got {ty}"
-            )
-        for got, full, what in zip(ty.get_shape(), (b, h, sq, skv), ("batch", "heads", "q_len", "kv_len")):
-            if got != 1 and not dims_compatible(got, full):
-                raise VerifyException(f"attn.bias: bias {what} dim must be 1 or {full}, got {got}")
-
-
-@irdl_op_definition
-class SoftcapOp(_ScoresToScoresOp):
-    """Logit soft-capping `S = cap * tanh(S / cap)` (Gemma 2, Grok).
-
-    ```mlir
-    %c = attn.softcap %s {cap = 50.0} : !attn.scores<?x16x?x?xf32>
-    ```
-    """
-
-    name = "attn.softcap"
-    input = operand_def(ScoresType)
-    output = result_def(ScoresType)
-    cap = opt_prop_def(FloatAttr)
-    traits = traits_def(Pure())
-
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    OPTIONS: ClassVar[tuple[Option, ...]] = (Option("cap", float, None, doc="the cap (> 0), required"),)
-
-    def verify_(self) -> None:
-        self._check_result()
-        cap = self.option("cap")
-        if cap is None or float(cap) <= 0:
-            raise VerifyException("attn.softcap: option cap must be given and positive")
-
-
-@irdl_op_definition
-class MaskOp(_ScoresToScoresOp):
-    """`S = keep(b, h, q_idx, kv_idx) ? S : -inf`.
-
-    Kinds: `causal`, `sliding_window` (keep `q - left <= kv <= q + right`), `document`
-    (same segment id; one `[B, S]` ids operand, or one for queries and one for keys),
-    `prefix_lm` (causal, plus the first `prefix` keys are visible to all; a static option
-    or a `[B]` operand), `custom` (a predicate region over `(b, h, q_idx, kv_idx, captures...)`).
-    `align = "bottom_right"` shifts the diagonal by `kv_len - q_len` (causal, windows).
-
-    ```mlir
-    %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x32x?x?xf32>
-    %w = attn.mask sliding_window %s {left = 4095, right = 0} : !attn.scores<?x16x?x?xf32>
-    %d = attn.mask document %s, %ids : !attn.scores<?x8x?x?xf32>, tensor<?x?xi32>
-    %c = attn.mask custom %s : !attn.scores<?x8x?x?xf32> {
-    ^bb0(%b: index, %h: index, %qi: index, %ki: index):
-      %keep = arith.cmpi sge, %qi, %ki : index
-      attn.yield %keep : i1
-    }
-    ```
-    """
-
-    name = "attn.mask"
-    input = operand_def(ScoresType)
-    args = var_operand_def()
-    output = result_def(ScoresType)
-    predicate = region_def()
-    kind = opt_prop_def(StringAttr)
-    align = opt_prop_def(StringAttr)
-    left = opt_prop_def(IntegerAttr)
-    right = opt_prop_def(IntegerAttr)
-    prefix = opt_prop_def(IntegerAttr)
-    traits = traits_def(Pure())
-
-    KINDS: ClassVar[tuple[str, ...]] = ("causal", "sliding_window", "document", "prefix_lm", "custom")
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    VARIADIC: ClassVar[str | None] = "args"
-    OPTIONS: ClassVar[tuple[Option, ...]] = (
-        Option("align", str, "top_left", ("top_left", "bottom_right")),
-        Option("left", int, None, doc="sliding_window: keys visible before the query"),
-        Option("right", int, None, doc="sliding_window: keys visible after the query"),
-        Option("prefix", int, None, doc="prefix_lm: static prefix length"),
-    )
-
-    def verify_(self) -> None:
-        self._check_result()
-        kind = self.kind_name
-        if "kind" not in self.properties:
-            raise VerifyException("attn.mask: kind must be given")
-        has_region = bool(self.predicate.blocks)
-        if has_region != (kind == "custom"):
-            raise VerifyException(
-                "attn.mask: only the custom kind has a predicate region"
-                if has_region
-                else "attn.mask custom needs a predicate region"
-            )
-        given = {o.name for o in self.OPTIONS if o.name in self.properties}
-        allowed = {
-            "causal": {"align"},
-            "sliding_window": {"align", "left", "right"},
-            "document": set(),
-            "prefix_lm": {"prefix"},
-            "custom": set(),
-        }[kind]
-        if extra := given - allowed:
-            raise VerifyException(f"attn.mask {kind} does not take option(s) {', '.join(sorted(extra))}")
-        b = self.scores_type().dims[0]
-        if kind in ("causal", "sliding_window") and self.args:
-            raise VerifyException(f"attn.mask {kind} takes no operands")
-        if kind == "sliding_window":
-            if not {"left", "right"} & given:
-                raise VerifyException("attn.mask sliding_window needs left and/or right")
-            for side in ("left", "right"):
-                if side in given and self.int_option(side) < 0:
-                    raise VerifyException(f"attn.mask sliding_window: {side} must be >= 0")
-        elif kind == "document":
-            if len(self.args) not in (1, 2):
-                raise VerifyException("attn.mask document takes one or two [B, S] segment-id tensors")
-            for arg in self.args:
-                shape = int_tensor(arg.type, "attn.mask document ids", 2)
-                if not dims_compatible(shape[0], b):
-                    raise VerifyException("attn.mask document: ids batch dim must match scores")
-        elif kind == "prefix_lm":
-            if ("prefix" in given) == bool(self.args):
-                raise VerifyException("attn.mask prefix_lm needs either {prefix = N} or one [B] operand")
-            if self.args:
-                if len(self.args) != 1:
-                    raise VerifyException("attn.mask prefix_lm takes one [B] prefix-length operand")
-                int_tensor(self.args[0].type, "attn.mask prefix lengths", 1)
-            elif self.int_option("prefix") < 0:
-                raise VerifyException("attn.mask prefix_lm: prefix must be >= 0")
-        elif kind == "custom":
-            expected: list[Attribute] = [IndexType()] * 4 + [a.type for a in self.args]
-            _check_region_args(self.predicate, expected, self.name, "custom mask")
-            _check_yield(self.predicate, i1, self.name)
-
-
-@irdl_op_definition
-class ScoreModOp(_ScoresToScoresOp):
-    """`S = f(S, b, h, q_idx, kv_idx, captures...)`: an elementwise region of arith/math ops.
-
-    Captured tensors are region arguments, read with `tensor.extract`.
-
-    ```mlir
-    %t = attn.score_mod %s, %tab : !attn.scores<?x8x?x?xf32>, tensor<8xf32> {
-    ^bb0(%x: f32, %b: index, %h: index, %qi: index, %ki: index, %tb: tensor<8xf32>):
-      %w = tensor.extract %tb[%h] : tensor<8xf32>
-      %y = arith.mulf %x, %w : f32
-      attn.yield %y : f32
-    }
-    ```
-    """
-
-    name = "attn.score_mod"
-    input = operand_def(ScoresType)
-    captures = var_operand_def()
-    output = result_def(ScoresType)
-    body = region_def("single_block")
-    traits = traits_def(Pure())
-
-    POSITIONAL: ClassVar[tuple[str, ...]] = ("input",)
-    VARIADIC: ClassVar[str | None] = "captures"
-
-    def verify_(self) -> None:
-        self._check_result()
-        expected: list[Attribute] = [f32] + [IndexType()] * 4 + [a.type for a in self.captures]
-        _check_region_args(self.body, expected, self.name, "score_mod")
-        _check_yield(self.body, f32, self.name)
-
-
 @irdl_op_definition
 class SoftmaxOp(AttnSyntaxOp):
     """Row softmax over kv; optional per-head sink logits and log-sum-exp result.
@@ -629,7 +216,7 @@ class DropoutOp(AttnSyntaxOp):
     OPTIONS: ClassVar[tuple[Option, ...]] = (Option("p", float, None, doc="drop probability in [0, 1), required"),)
 
     def verify_(self) -> None:
-        _check_same_type(self, self.input.type, self.output.type, "result")
+        check_same_type(self, self.input.type, self.output.type, "result")
         assert isinstance(self.seed.type, IntegerType)
         if self.seed.type.width.data != 64:
             raise VerifyException("attn.dropout: seed must be i64")
@@ -675,27 +262,6 @@ class WeightedSumOp(AttnSyntaxOp):
                     f"attn.weighted_sum: result must be {format_dims((b, h, _sq, dv))}"
                 )
 
-
-@irdl_op_definition
-class YieldOp(IRDLOperation):
-    """Terminator of `attn.mask custom` and `attn.score_mod` regions.
-
-    ```mlir
-    attn.yield %keep : i1
-    ```
-    """
-
-    name = "attn.yield"
-    values = var_operand_def()
-    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(MaskOp, ScoreModOp), Pure()))
-    assembly_format = "attr-dict ($values^ `:` type($values))?"
-
-    def __init__(self, *values: object) -> None:
-        super().__init__(operands=[list(values)])
-
-
-SCORE_OPS = (BiasOp, SoftcapOp, MaskOp, ScoreModOp)
-"""Ops that map scores to scores, in any order between attn.scores and attn.softmax."""
 
 Attn = Dialect(
     "attn",

@@ -29,6 +29,12 @@ from xdsl.utils.exceptions import VerifyException
 from attnfuse.dialects.attn_types import F32_MAX, Option, OptionValue, option_value, parse_options, print_options
 
 
+def check_same_type(op: IRDLOperation, a: Attribute, b: Attribute, what: str) -> None:
+    """Raise a VerifyException unless `b` is `a` (an operand or result type of `op`)."""
+    if a != b:
+        raise VerifyException(f"{op.name}: {what} must have type {a}, got {b}")
+
+
 class AttnSyntaxOp(IRDLOperation):
     """Base of attn ops: the generic custom syntax and option accessors."""
 
