@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from xdsl.builder import Builder, InsertPoint
-from xdsl.dialects import arith, scf
+from xdsl.dialects import arith
 from xdsl.dialects import math as xmath
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
@@ -39,33 +39,34 @@ from xdsl.dialects.builtin import (
     i32,
     i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.dialects.tile import (
     ArangeOp,
-    AtomicAddOp,
     BroadcastOp,
     CmpOp,
     ConvertOp,
     DotOp,
     ExpandDimsOp,
     KernelOp,
-    LoadOp,
     NumProgramsOp,
     ProgramIdOp,
-    PtrAddOp,
     RandOp,
     ReduceKind,
     ReduceOp,
     ReshapeOp,
     ReturnOp,
     SplatOp,
-    StoreOp,
     TransOp,
     WhereOp,
 )
+from attnfuse.dialects.tile_builder_control import ControlFlow, ForLoop, IfBranches
+from attnfuse.dialects.tile_builder_memory import MemoryOps
 from attnfuse.dialects.tile_types import (
-    PtrType,
+    Literal,
+    Value,
+    broadcast_shapes,
+    literal_type,
     bit_width,
     element_type_of,
     is_float_type,
@@ -73,10 +74,6 @@ from attnfuse.dialects.tile_types import (
     shape_of,
     tile_type,
 )
-
-Literal = int | float | bool
-Value = SSAValue | Literal
-"""An operand: an SSA value or a Python literal."""
 
 _CMP_INT = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
 _CMP_FLOAT = {
@@ -89,113 +86,7 @@ _CMP_FLOAT = {
 }
 
 
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """The NumPy broadcast of `shapes` (`()` is a scalar)."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = [1] * rank
-    for shape in shapes:
-        for i, dim in enumerate(shape, start=rank - len(shape)):
-            if dim != 1 and out[i] not in (1, dim):
-                raise ValueError(
-                    f"shapes {[tuple(s) for s in shapes]} do not broadcast"
-                )
-            out[i] = dim if dim != 1 else out[i]
-    return tuple(out)
-
-
-def _literal_type(value: Literal) -> Attribute:
-    if isinstance(value, bool):
-        return i1
-    if isinstance(value, int):
-        return i32 if -(2**31) <= value < 2**31 else i64
-    return f32
-
-
-class ForLoop:
-    """Handle of an `scf.for` under construction (see `TileBuilder.for_`)."""
-
-    def __init__(self, builder: TileBuilder, op: scf.ForOp):
-        self._builder = builder
-        self.op = op
-        self.yielded = False
-
-    @property
-    def iv(self) -> SSAValue:
-        """The induction variable."""
-        return self.op.body.block.args[0]
-
-    @property
-    def carried(self) -> tuple[SSAValue, ...]:
-        """The loop-carried values inside the body (one per init)."""
-        return tuple(self.op.body.block.args[1:])
-
-    @property
-    def results(self) -> tuple[SSAValue, ...]:
-        """The carried values after the last iteration."""
-        return tuple(self.op.results)
-
-    def yield_(self, *values: Value) -> None:
-        """End the body, passing `values` to the next iteration (coerced to the
-        carried types: literals become constants, shapes broadcast)."""
-        if self.yielded:
-            raise ValueError("loop body already yielded")
-        if len(values) != len(self.carried):
-            raise ValueError(
-                f"yield_ expects {len(self.carried)} values, got {len(values)}"
-            )
-        coerced = [
-            self._builder.coerce(v, c.type) for v, c in zip(values, self.carried)
-        ]
-        self._builder.insert(scf.YieldOp(*coerced))
-        self.yielded = True
-
-
-class IfBranches:
-    """Handle of an `scf.if` under construction (see `TileBuilder.if_`)."""
-
-    def __init__(self, builder: TileBuilder, op: scf.IfOp):
-        self._builder = builder
-        self.op = op
-
-    @property
-    def results(self) -> tuple[SSAValue, ...]:
-        return tuple(self.op.results)
-
-    @contextmanager
-    def then_(self) -> Iterator[None]:
-        """Build the then-branch; end it with `yield_` when the `if` has results."""
-        with self._branch(self.op.true_region):
-            yield
-
-    @contextmanager
-    def else_(self) -> Iterator[None]:
-        """Build the else-branch (required when the `if` has results)."""
-        with self._branch(self.op.false_region):
-            yield
-
-    def yield_(self, *values: Value) -> None:
-        types = [r.type for r in self.op.results]
-        if len(values) != len(types):
-            raise ValueError(f"yield_ expects {len(types)} values, got {len(values)}")
-        self._builder.insert(
-            scf.YieldOp(*(self._builder.coerce(v, t) for v, t in zip(values, types)))
-        )
-
-    @contextmanager
-    def _branch(self, region: Region) -> Iterator[None]:
-        if region.blocks:
-            raise ValueError("branch already built")
-        block = Block()
-        region.add_block(block)
-        with self._builder.at(InsertPoint.at_end(block)):
-            yield
-        if not isinstance(block.last_op, scf.YieldOp):
-            if self.op.results:
-                raise ValueError("a branch of an scf.if with results must call yield_")
-            self._builder.insert(scf.YieldOp(), InsertPoint.at_end(block))
-
-
-class TileBuilder:
+class TileBuilder(MemoryOps, ControlFlow):
     """Appends tile/arith/math/scf ops at an insertion point inside a `tile.kernel`."""
 
     def __init__(self, kernel: KernelOp, insertion_point: InsertPoint | None = None):
@@ -335,9 +226,9 @@ class TileBuilder:
                 elem = self._promote(elem, element_type_of(v.type))
             shape = broadcast_shapes(*(shape_of(v.type) for v in typed))
         else:
-            elem, shape = _literal_type(values[0]), ()
+            elem, shape = literal_type(values[0]), ()
             for v in values[1:]:
-                elem = self._promote(elem, _literal_type(v))  # pyright: ignore
+                elem = self._promote(elem, literal_type(v))  # pyright: ignore
         out: list[SSAValue] = []
         for v in values:
             if isinstance(v, SSAValue):
@@ -645,148 +536,6 @@ class TileBuilder:
             offsets if isinstance(offsets, SSAValue) else self.constant(offsets, i32)
         )
         return self._emit(RandOp(seed_v, self.cast(offs_v, i32)), name)
-
-    # -- memory -------------------------------------------------------------------
-
-    def ptr_add(
-        self, ptr: SSAValue, offset: Value, *, name: str | None = None
-    ) -> SSAValue:
-        """`ptr + offset` elements (scalar offset; i32 or i64)."""
-        off = (
-            offset
-            if isinstance(offset, SSAValue)
-            else self.constant(offset, _literal_type(offset))
-        )
-        if element_type_of(off.type) not in (i32, i64):
-            off = self.cast(off, i64)
-        return self._emit(PtrAddOp(ptr, off), name)
-
-    def _address(
-        self, ptr: SSAValue, offsets: Value, mask: SSAValue | None, *extra: Value
-    ) -> tuple[SSAValue, SSAValue | None, tuple[int, ...]]:
-        if not isinstance(ptr.type, PtrType):
-            raise TypeError(f"expected a !tile.ptr, got {ptr.type}")
-        offs = offsets if isinstance(offsets, SSAValue) else self.constant(offsets, i32)
-        shapes = [shape_of(offs.type)]
-        shapes += [shape_of(v.type) for v in (mask, *extra) if isinstance(v, SSAValue)]
-        shape = broadcast_shapes(*shapes)
-        offs = self.broadcast_to(offs, shape)
-        if mask is not None:
-            mask = self.broadcast_to(mask, shape)
-        return offs, mask, shape
-
-    def load(
-        self,
-        ptr: SSAValue,
-        offsets: Value,
-        *,
-        mask: SSAValue | None = None,
-        other: Value | None = None,
-        name: str | None = None,
-    ) -> SSAValue:
-        """`tl.load(ptr + offsets, mask=mask, other=other)`; shapes broadcast."""
-        offs, mask, shape = self._address(ptr, offsets, mask)
-        other_v = None
-        if other is not None:
-            if mask is None:
-                raise ValueError("load: `other` needs a `mask`")
-            assert isinstance(ptr.type, PtrType)
-            other_v = self.coerce(other, tile_type(shape, ptr.type.pointee))
-        return self._emit(LoadOp(ptr, offs, mask, other_v), name)
-
-    def store(
-        self,
-        ptr: SSAValue,
-        offsets: Value,
-        value: Value,
-        *,
-        mask: SSAValue | None = None,
-    ) -> StoreOp:
-        """`tl.store(ptr + offsets, value, mask=mask)`; `value` must already have
-        the pointee element type (use `cast`)."""
-        op = StoreOp(*self._store_operands(ptr, offsets, value, mask))
-        self.insert(op)
-        return op
-
-    def atomic_add(
-        self,
-        ptr: SSAValue,
-        offsets: Value,
-        value: Value,
-        *,
-        mask: SSAValue | None = None,
-    ) -> AtomicAddOp:
-        """`tl.atomic_add(ptr + offsets, value, mask=mask)`."""
-        op = AtomicAddOp(*self._store_operands(ptr, offsets, value, mask))
-        self.insert(op)
-        return op
-
-    def _store_operands(
-        self, ptr: SSAValue, offsets: Value, value: Value, mask: SSAValue | None
-    ) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue | None]:
-        offs, mask, shape = self._address(ptr, offsets, mask, value)
-        assert isinstance(ptr.type, PtrType)
-        return ptr, offs, self.coerce(value, tile_type(shape, ptr.type.pointee)), mask
-
-    # -- control flow -------------------------------------------------------------
-
-    @contextmanager
-    def for_(
-        self,
-        lower: Value,
-        upper: Value,
-        step: Value,
-        inits: Sequence[SSAValue] = (),
-        *,
-        iv_name: str = "i",
-        names: Sequence[str] | None = None,
-    ) -> Iterator[ForLoop]:
-        """`scf.for` over [lower, upper) by `step` (integers, widened to a common
-        type; literals are i32) carrying `inits`. Use as
-
-        ```python
-        with b.for_(0, n, 64, inits=[m_i, l_i]) as loop:
-            m, l = loop.carried
-            ...
-            loop.yield_(m_new, l_new)
-        m_i, l_i = loop.results
-        ```
-
-        Carried values keep the names of their inits unless `names` is given."""
-        lb, ub, st = self._unify(lower, upper, step)
-        if not is_int_type(lb.type):
-            raise TypeError(f"loop bounds must be integers, got {lb.type}")
-        body = Block(arg_types=[lb.type, *(v.type for v in inits)])
-        op = scf.ForOp(lb, ub, st, list(inits), body)
-        self.insert(op)
-        body.args[0].name_hint = SSAValue.extract_valid_name(iv_name)
-        hints = names if names is not None else [v.name_hint for v in inits]
-        for arg, res, hint in zip(body.args[1:], op.results, hints):
-            arg.name_hint = res.name_hint = hint and SSAValue.extract_valid_name(hint)
-        loop = ForLoop(self, op)
-        with self.at(InsertPoint.at_end(body)):
-            yield loop
-        if not loop.yielded:
-            if inits:
-                raise ValueError("a loop with carried values must call loop.yield_")
-            self.insert(scf.YieldOp(), InsertPoint.at_end(body))
-
-    def if_(self, cond: SSAValue, result_types: Sequence[Attribute] = ()) -> IfBranches:
-        """`scf.if` on a scalar i1. Use as
-
-        ```python
-        br = b.if_(c, [f32])
-        with br.then_():
-            br.yield_(x)
-        with br.else_():
-            br.yield_(y)
-        (r,) = br.results
-        ```"""
-        if cond.type != i1:
-            raise TypeError(f"if_ needs a scalar i1 condition, got {cond.type}")
-        op = scf.IfOp(cond, list(result_types), Region(), Region())
-        self.insert(op)
-        return IfBranches(self, op)
 
 
 __all__ = ["ForLoop", "IfBranches", "TileBuilder", "Value", "broadcast_shapes"]

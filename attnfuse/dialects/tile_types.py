@@ -19,12 +19,17 @@ from xdsl.dialects.builtin import (
     IntegerType,
     Signedness,
     TensorType,
+    f32,
+    i1,
+    i32,
+    i64,
 )
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import (
     Attribute,
     ParametrizedAttribute,
     SpacedOpaqueSyntaxAttribute,
+    SSAValue,
     TypeAttribute,
 )
 from xdsl.irdl import irdl_attr_definition
@@ -201,3 +206,31 @@ def expect_tile(t: Attribute, what: str) -> TensorType[Attribute]:
     if not isinstance(t, TensorType):
         raise VerifyException(f"{what} must be a tile (tensor), got {t}")
     return t
+
+
+Literal = int | float | bool
+Value = SSAValue | Literal
+"""An operand of `TileBuilder` methods: an SSA value or a Python literal."""
+
+
+def literal_type(value: Literal) -> Attribute:
+    """The type a Python literal becomes: i1, i32 (or i64 when out of range), f32."""
+    if isinstance(value, bool):
+        return i1
+    if isinstance(value, int):
+        return i32 if -(2**31) <= value < 2**31 else i64
+    return f32
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """The NumPy broadcast of `shapes` (`()` is a scalar)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, dim in enumerate(shape, start=rank - len(shape)):
+            if dim != 1 and out[i] not in (1, dim):
+                raise ValueError(
+                    f"shapes {[tuple(s) for s in shapes]} do not broadcast"
+                )
+            out[i] = dim if dim != 1 else out[i]
+    return tuple(out)
