@@ -12,15 +12,14 @@ import json
 from pathlib import Path
 
 import torch
+from backward_profile import pipeline_with
 
 import attnfuse
 from attnfuse import examples
-from attnfuse.passes import DEFAULT_PIPELINE
 
 
 def check(config: str, seq: int, repeats: int) -> dict[str, object]:
-    pipeline = DEFAULT_PIPELINE.replace("lower-backward", f"lower-backward{{{config}}}") if config else DEFAULT_PIPELINE
-    fn = attnfuse.compile(examples.path("llama3"), pipeline=pipeline)
+    fn = attnfuse.compile(examples.path("llama3"), pipeline=pipeline_with(config))
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch = 16384 // seq
     q = torch.randn(batch, 32, seq, 128, device="cuda", generator=gen).to(torch.bfloat16)

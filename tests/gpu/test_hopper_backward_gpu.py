@@ -13,6 +13,7 @@ Run on the GPU machine: `python -m pytest tests/gpu/test_hopper_backward_gpu.py 
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def compiled(name: str, mode: str) -> Any:
     return _FNS[(name, mode)]
 
 
-def backward_kernels(fn: Any, before: set[Any] = frozenset()) -> set[str]:  # type: ignore[assignment]
+def backward_kernels(fn: Any, before: Collection[Any] = ()) -> set[str]:
     """Names of the kernels of the backward launch plans built since `before` (plan keys)."""
     assert fn._backward is not None
     plans = [p for key, p in fn._backward._plans.items() if key not in before]

@@ -8,7 +8,12 @@ default for Llama-3: K pre-rotated by a pre-kernel, Q rotated in the kernel's pr
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from programs import Builder
 
@@ -18,6 +23,32 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def pipeline(strategy: str = "hybrid", hopper: bool = True) -> str:
     lower = "lower-to-tile" if hopper else "lower-to-tile{hopper-forward=false}"
     return f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,mask-tiling,{lower}"
+
+
+_COMPILE = """
+import json, sys
+from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
+from attnfuse.diagnostics import parse_module_with_locations
+from attnfuse.pass_manager import PassManager, make_context
+out = {}
+for text, pipe in json.load(sys.stdin):
+    ctx = make_context()
+    module, locations = parse_module_with_locations(ctx, text, "<test>")
+    PassManager(pipe).run(module, ctx, locations=locations)
+    out.update(compile_module_for_sm90(module))
+print(json.dumps(out))
+"""
+
+
+def sm90_resources(programs: list[tuple[str, str]], timeout: int) -> dict[str, dict[str, Any]]:
+    """Lower each (program text, pipeline) and compile its Gluon kernels for sm_90a in a
+    fresh process (one that interprets kernels cannot compile them): kernel name ->
+    `gluon_resources`."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps(programs), capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def backward_pipeline(strategy: str = "hybrid", hopper: str = "ordered", forward_hopper: bool = True) -> str:

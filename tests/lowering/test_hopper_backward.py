@@ -10,18 +10,17 @@ checks their gradients on a GPU.
 
 from __future__ import annotations
 
-import json
+
 import logging
-import os
+
 import random
-import subprocess
-import sys
-from pathlib import Path
+
+
 from typing import Any
 
 import pytest
 import torch
-from hopper_programs import BACKWARD_ELIGIBLE, BACKWARD_INELIGIBLE, backward_pipeline
+from hopper_programs import BACKWARD_ELIGIBLE, BACKWARD_INELIGIBLE, backward_pipeline, sm90_resources
 from programs import Builder
 from test_hopper_forward import lower, ops_of
 
@@ -98,28 +97,11 @@ def test_planned_masks_run_on_masked_tiles_only() -> None:
         in kernel.template.data
 
 
-_COMPILE = """
-import json, sys
-sys.path.insert(0, {here!r})
-from hopper_programs import BACKWARD_ELIGIBLE, backward_pipeline
-from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
-from test_hopper_forward import lower
-out = {{}}
-for name, (text, mode) in BACKWARD_ELIGIBLE.items():
-    out.update(compile_module_for_sm90(lower(text, backward_pipeline(hopper=mode, forward_hopper=False))))
-print(json.dumps(out))
-"""
-
-
 def test_gluon_backward_kernels_compile_for_sm90() -> None:
     """Every eligible program's backward kernel, in a fresh process (one that interprets
     kernels cannot compile them)."""
-    here = str(Path(__file__).parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), here])}
-    done = subprocess.run([sys.executable, "-c", _COMPILE.format(here=here)], capture_output=True, text=True,
-                          env=env, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    resources = json.loads(done.stdout.splitlines()[-1])
+    resources = sm90_resources([(text, backward_pipeline(hopper=mode, forward_hopper=False))
+                                for text, mode in BACKWARD_ELIGIBLE.values()], timeout=1200)
     assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
     for name, r in resources.items():
         # at most a few scalars in local memory: 32 bytes for the two-sided window's mask

@@ -9,16 +9,15 @@ checks their results on a GPU.
 
 from __future__ import annotations
 
-import json
+
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
+
+
+
 
 import pytest
 import torch
-from hopper_programs import ELIGIBLE, INELIGIBLE, pipeline
+from hopper_programs import ELIGIBLE, INELIGIBLE, pipeline, sm90_resources
 from programs import Builder
 
 
@@ -101,29 +100,11 @@ def test_planned_mask_inside_the_chain_gives_two_versions() -> None:
     assert "    else:\n        s = mask_first_fwd_ws_score_full(" in kernel.template.data
 
 
-_COMPILE = """
-import json, sys
-sys.path.insert(0, {here!r})
-from hopper_programs import ELIGIBLE
-from attnfuse.backends.gluon.sm90 import compile_module_for_sm90
-from test_hopper_forward import lower
-out = {{}}
-for name, (text, pipe) in sorted(ELIGIBLE.items()):
-    out.update(compile_module_for_sm90(lower(text, pipe)))
-print(json.dumps(out))
-"""
-
-
 def test_gluon_kernels_compile_for_sm90() -> None:
     """Every eligible program's kernel, in a fresh process (one that interprets kernels
     cannot compile them): no spill reloads, shared memory under the sm_90 limit, async wgmma,
     TMA loads and stores, and setmaxnreg budgets for the partitions."""
-    here = str(Path(__file__).parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), here])}
-    done = subprocess.run([sys.executable, "-c", _COMPILE.format(here=here)], capture_output=True, text=True,
-                          env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    resources = json.loads(done.stdout.splitlines()[-1])
+    resources = sm90_resources([program for _, program in sorted(ELIGIBLE.items())], timeout=900)
     assert sorted(resources) == sorted(f"{name}_fwd_ws" for name in ELIGIBLE)
     for name, r in resources.items():
         # no spilled value is read back (at most one 4-byte store at a partition's start)
