@@ -28,8 +28,9 @@ from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, ScoreModOp, SoftcapOp
 from attnfuse.dialects.tile_builder import Value
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
+from attnfuse.analysis.rope import RopeParams, yarn_attention_factor
 from attnfuse.lowering.forward import LOG2E, ForwardSpec
-from attnfuse.lowering.hopper_template import TEMPLATE
+from attnfuse.lowering.hopper_template import PRODUCER, TEMPLATE, TRANSFORMING_PRODUCER
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
@@ -44,8 +45,15 @@ ROWS = BLOCK_M // 2
 STAGES = 3
 """K/V ring depth: Q (2 x 64 x D) + 3 x (K + V) tiles fit 227 KiB at D = 128."""
 MAXNREG = 168
-"""Register cap of the launch: 12 warps x 32 x 168 <= 65536; Triton's setmaxnreg then
-gives 240 registers to each consumer warpgroup and 24 to the producer."""
+"""Register cap of the launch: 12 warps x 32 x 168 <= 65536. Triton's setmaxnreg then
+splits the 12 x 168 warp-registers between the partitions: 240 to each consumer
+warpgroup and 24 to the producer (padded to a warpgroup), or, when the producer
+transforms K, `TRANSFORMING_REGS`."""
+TRANSFORMING_REGS = (232, 40)
+"""(each consumer, the producer) registers when the producer warpgroup transforms K:
+2 x 232 + 40 = 504 = 3 x 168."""
+K_VEC = 4
+"""Elements per thread and row of a K chunk the transforming producer loads."""
 HEAD_DIMS = (64, 128)
 
 logger = logging.getLogger(__name__)
@@ -79,18 +87,19 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
         return "count-tiles"
     if spec.remap:
         return "not a forward program"
-    if spec.k_transforms:
-        return "K transforms run in the kernel (rope-fusion fused): the schedule reads K through TMA"
     for op in program.score_ops:
         if isinstance(op, MaskOp) and op.kind_name in ("document", "prefix_lm"):
             return f"a {op.kind_name} mask"
         if not isinstance(op, (MaskOp, BiasOp, SoftcapOp, ScoreModOp)):
             return f"score op {op.name}"
-    ropes = [t for t in spec.q_transforms if isinstance(t, RopeOp)]
-    if len(ropes) > 1:
-        return "more than one Q rope"
-    if ropes and (ropes[0].str_option("style") != "half" or ropes[0].rotary_width() != head_dim):
-        return "a Q rope that is not half-style over the whole head dim"
+    for side, transforms in (("Q", spec.q_transforms), ("K", spec.k_transforms)):
+        ropes = [t for t in transforms if isinstance(t, RopeOp)]
+        if len(ropes) > 1:
+            return f"more than one {side} rope"
+        if ropes and (ropes[0].str_option("style") != "half" or ropes[0].rotary_width() != head_dim):
+            return f"a {side} rope that is not half-style over the whole head dim"
+        if side == "K" and ropes and ropes[0].positions is not None:
+            return "a K rope with a positions operand (the producer steps cos/sin from row to row)"
     return None
 
 
@@ -117,6 +126,8 @@ class HopperForward(DeviceFunctions):
         self.qk_scale = scale * LOG2E if self.defer_scale else LOG2E
         rope = next((t for t in spec.q_transforms if isinstance(t, RopeOp)), None)
         self.layout = partition(rope, self.head_dim)
+        self.k_rope = next((t for t in spec.k_transforms if isinstance(t, RopeOp)), None)
+        self.k_layout = partition(self.k_rope, self.head_dim)
 
         sig = KernelSignature()
         self.sig = sig
@@ -125,6 +136,11 @@ class HopperForward(DeviceFunctions):
         self.lse_arg = sig.tensor("LSE", spec.lse)
         side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
+        # The producer evaluates K's cos/sin once per tile and steps them from chunk to
+        # chunk (fp32); a K rope alone rotates in the input dtype (packed two-lane
+        # arithmetic, as PyTorch's RoPE in that dtype), QK-norm in fp32.
+        self.k_packed = [type(t) for t in spec.k_transforms] == [RopeOp]
+        self.k_side = SideTransforms(spec.k_transforms, SideContext(sig, self.head_dim, spec.inv_freq), "k")  # type: ignore[arg-type]
         self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
@@ -178,6 +194,91 @@ class HopperForward(DeviceFunctions):
             q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
             parts = {r: b.cast(t, self.dtype, name=f"q_{r}") for r, t in q32.items()}
         return self._finish(op, b, *(parts[p.role] for p in self.layout))
+
+    def _k_function(self, chunk: int) -> FuncOp:
+        """The K transforms on a chunk of `chunk` rows of a K tile, given and returned as
+        the column parts of the K layout (in the input dtype); the rope's cos and sin
+        (fp32) come from the caller, without the yarn factor, applied here."""
+        leading: list[tuple[str, Attribute]] = [
+            (f"k_{p.role}", TensorType(self.dtype, [chunk, p.width])) for p in self.k_layout]
+        if self.k_rope is not None:
+            width = self.k_layout[0].width
+            leading += [("cos", TensorType(f32, [chunk, width])), ("sin", TensorType(f32, [chunk, width]))]
+        leading += [("rows", TensorType(i32, [chunk])), ("batch", i32)]
+        op, b = self._function("k", leading)
+        n = len(self.k_layout)
+        cos_sin: tuple[SSAValue, SSAValue] | None = None
+        if self.k_rope is not None:
+            cos, sin = op.args[n], op.args[n + 1]
+            if self.k_rope.str_option("scaling") == "yarn":
+                factor = yarn_attention_factor(RopeParams.of(self.k_rope))
+                cos, sin = b.mul(cos, factor), b.mul(sin, factor)
+            cos_sin = (cos, sin)
+        if self.k_packed:
+            assert cos_sin is not None
+            a, bb = op.args[0], op.args[1]
+            cos, sin = b.cast(cos_sin[0], self.dtype), b.cast(cos_sin[1], self.dtype)
+            rot_a = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
+            rot_b = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
+            return self._finish(op, b, rot_a, rot_b)
+        parts = {p.role: b.cast(t, f32) for p, t in zip(self.k_layout, op.args)}
+        rows, batch = op.args[-2 - len(self._decls())], op.args[-1 - len(self._decls())]
+        parts = self.k_side.apply(b, parts, self.k_layout, rows, batch, None, cos_sin)
+        return self._finish(op, b, *(b.cast(parts[p.role], self.dtype, name=f"k_{p.role}") for p in self.k_layout))
+
+    def _k_angles_function(self, chunk: int) -> FuncOp:
+        """cos and sin ([chunk, rotary_dim / 2] f32) of `pos * inv_freq` for positions
+        `pos` ([chunk] i32) of the K rope."""
+        op, b = self._function("k_angles", [("pos", TensorType(i32, [chunk]))])
+        assert self.k_rope is not None
+        freq_arg = self.k_side.freqs[self.spec.k_transforms.index(self.k_rope)]
+        assert freq_arg.ptr is not None
+        width = self.k_layout[0].width
+        freq = b.load(freq_arg.ptr, b.mul(b.arange(0, width), freq_arg.strides[0]))
+        angle = b.mul(b.expand_dims(b.cast(op.args[0], f32), 1), b.expand_dims(freq, 0), name="angle")
+        return self._finish(op, b, b.cos(angle, name="cos"), b.sin(angle, name="sin"))
+
+    def _producer(self, args: str) -> tuple[list[FuncOp], dict[str, object]]:
+        """The producer partition: its device functions and template substitutions."""
+        common = dict(k=self.name, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
+                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name)
+        if not self.spec.k_transforms:
+            return [], dict(producer=PRODUCER.substitute(common, range_fn=f"{self.name}_range"),
+                            producer_extra="", k_raw_init="", producer_warps=1,
+                            consumer_regs=240, producer_regs=24)
+        width = min(p.width for p in self.k_layout)
+        tpw_col = min(width // K_VEC, 32)
+        tpw_row = 32 // tpw_col
+        chunk = tpw_row * 4
+        functions = [self._k_function(chunk)]
+        names = [f"k_{p.role}" for p in self.k_layout]
+        pad = " " * 16
+        lines = [f"{pad}{n} = chunk.slice({p.start}, {p.width}, dim=1).load(k_layout)"
+                 for n, p in zip(names, self.k_layout)]
+        rotation = ""
+        setup = ""
+        if self.k_rope is not None:
+            functions.append(self._k_angles_function(chunk))
+            angles = functions[-1].sym_name.data
+            offset = self.k_rope.int_option("offset")
+            last_chunk = f"kv_lo + n_tiles * BN - CH + {offset} + chunk_rows"
+            setup = "\n".join([
+                f"    step_cos, step_sin = {angles}(chunk_rows * 0 - CH, {args})",
+                f"    cos, sin = {angles}({last_chunk}, {args})"])
+            rotation = "cos, sin, "
+            lines.append(f"{pad}cos, sin = cos * step_cos - sin * step_sin, sin * step_cos + cos * step_sin")
+        call = f"{', '.join(names)} = {functions[0].sym_name.data}({', '.join(names)}, {rotation}rows, batch, {args})"
+        lines.insert(len(names), pad + call)
+        lines[len(names) + 1:len(names) + 1] = [
+            f"{pad}chunk.slice({p.start}, {p.width}, dim=1).store({n})" for n, p in zip(names, self.k_layout)]
+        text = TRANSFORMING_PRODUCER.substitute(
+            common, range_fn=f"{self.name}_range", k_vec=K_VEC, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
+            k_setup=setup, k_transform="\n".join(lines))
+        consumer_regs, producer_regs = TRANSFORMING_REGS
+        init = (f"    k_raw = gl.allocate_shared_memory(gl.int64, [{STAGES}, 1], mbarrier.MBarrierLayout())\n"
+                f"    for i in gl.static_range({STAGES}):\n        mbarrier.init(k_raw.index(i), count=1)")
+        return functions, dict(producer=text, producer_extra="k_raw, ", k_raw_init=init, producer_warps=4,
+                          consumer_regs=consumer_regs, producer_regs=producer_regs)
 
     def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scale: bool) -> FuncOp:
         """`chain` (with its planned masks unless `full_tile`) on an S tile, after the
@@ -241,8 +342,11 @@ class HopperForward(DeviceFunctions):
         for part, var in zip(self.layout, parts):
             target = "q" if len(self.layout) == 1 else f"q.slice({part.start}, {part.width}, dim=1)"
             q_lines.append(f"    {target}.store(gl.convert_layout({var}, q_layout))")
+        producer_functions, producer = self._producer(args)
+        functions += producer_functions
         lse = self.lse_arg.name
         text = TEMPLATE.substitute(
+            producer,
             k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
             group_v=self.hq // self.hv, stages=STAGES, qk_scale=repr(self.qk_scale), args=args,
             range_fn=functions[0].sym_name.data, q_store="\n".join(q_lines),

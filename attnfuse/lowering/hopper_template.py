@@ -2,8 +2,9 @@
 
 From `bench/prototypes/gluon_fa3_forward.py` (`fa3_fwd_ws_kernel`, measured 0.95-1.05x
 cuDNN on an H200), generalized: one CTA owns 128 query rows of one (batch, q head);
-a 1-warp producer partition TMA-loads the K/V tiles of the CTA's KV walk into a
-`$stages`-deep shared-memory ring; two 4-warp consumer warpgroups (64 rows each) take
+a producer partition TMA-loads the K/V tiles of the CTA's KV walk into a
+`$stages`-deep shared-memory ring (one warp, or, when K has transforms in the kernel,
+a warpgroup that also transforms each K tile in place); two 4-warp consumer warpgroups (64 rows each) take
 turns issuing their async wgmmas (S = Q K^T, O += P V) so that one's softmax overlaps
 the other's tensor-core work. The walk goes from the last KV tile of the band down to
 the first (the diagonal, masked tile first for causal bands).
@@ -29,24 +30,7 @@ def ${k}_coords():
     return pid_bh, pid_bh // $hq, pid_bh % $hq, m
 
 
-@gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, $args):
-    BN: gl.constexpr = k_desc.block_type.shape[0]
-    pid_bh, batch, head, m = ${k}_coords()
-    kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
-    k_row = (batch * $hk + head // $group_k) * $kv_len
-    v_row = (batch * $hv + head // $group_v) * $kv_len
-    for j in range(n_tiles):
-        st = j % $stages
-        ph = (j // $stages) & 1
-        start = kv_lo + (n_tiles - 1 - j) * BN
-        # a fresh mbarrier counts as having completed phase "1": the first lap passes
-        mbarrier.wait(empty.index(st), ph ^ 1)
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_ready.index(st), k_smem.index(st))
-        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
-
+$producer
 
 @gluon.jit
 def ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args):
@@ -61,7 +45,7 @@ $score_step
 
 
 @gluon.jit
-def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, WG: gl.constexpr):
+def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
     D: gl.constexpr = k_smem.shape[2]
@@ -99,6 +83,7 @@ $q_store
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         mbarrier.arrive(turn.index(OTHER))
         s = warpgroup_mma_wait(0, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(0))
         start = kv_lo + (n_tiles - 1) * BN
         p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
         for j in range(1, n_tiles):
@@ -113,6 +98,7 @@ $q_store
             o_tok = warpgroup_mma(p16, v_smem.index(prev), o, is_async=True)
             mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(k_empty.index(st))
             start = kv_lo + (n_tiles - 1 - j) * BN
             if (start < full_lo) | (start >= full_hi):
                 # a masked tile (band edges, a few per CTA): finish P V first, which frees
@@ -120,14 +106,14 @@ $q_store
                 o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
             p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-            mbarrier.arrive(empty.index(prev))
+            mbarrier.arrive(v_empty.index(prev))
         last = (n_tiles - 1) % $stages
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // $stages) & 1)
         o_tok = warpgroup_mma(p16, v_smem.index(last), o, is_async=True)
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-        mbarrier.arrive(empty.index(last))
+        mbarrier.arrive(v_empty.index(last))
 
     # epilogue: O / l into this warpgroup's (dead) Q tile, TMA store; natural-log LSE.
     # A row that sees no key gets O = 0 and lse = -inf.
@@ -154,20 +140,100 @@ def __kernel__():
     v_smem = gl.allocate_shared_memory(dtype, [$stages, BN, DV], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range($stages):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+        # one arrive per consumer warpgroup: K once its S = Q K^T is done, V after P V
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+$k_raw_init
     fence_async_shared()
     gl.warp_specialize([
-        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, 0)),
-        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, empty, turn, $args, 1)),
-        (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, $args)),
-    ], [4, 1], [240, 24])
+        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 0)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 1)),
+        (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args)),
+    ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
 """Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
-args, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2."""
+args, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
+text of `PRODUCER` or `TRANSFORMING_PRODUCER`), `producer_extra` (its arguments before
+`args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
+`producer_regs`."""
+
+
+PRODUCER = Template('''\
+@gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $args):
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    pid_bh, batch, head, m = ${k}_coords()
+    kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
+    k_row = (batch * $hk + head // $group_k) * $kv_len
+    v_row = (batch * $hv + head // $group_v) * $kv_len
+    for j in range(n_tiles):
+        st = j % $stages
+        ph = (j // $stages) & 1
+        start = kv_lo + (n_tiles - 1 - j) * BN
+        # a fresh mbarrier counts as having completed phase "1": the first lap passes
+        mbarrier.wait(k_empty.index(st), ph ^ 1)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.wait(v_empty.index(st), ph ^ 1)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+''')
+"""The 1-warp producer: TMA loads of each K/V tile into the ring."""
+
+TRANSFORMING_PRODUCER = Template('''\
+@gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, $args):
+    """TMA loads of each K tile as soon as its slot is free (the consumers free K once
+    S = Q K^T is done); one tile behind, the K tile's transforms in place (chunks of
+    rows through registers, a proxy fence, a barrier of this warpgroup, the arrive
+    that hands the tile to the consumers), then that tile's V load."""
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    NW: gl.constexpr = gl.num_warps()
+    k_layout: gl.constexpr = gl.BlockedLayout([1, $k_vec], [$k_tpw_row, $k_tpw_col], [NW, 1], [1, 0])
+    CH: gl.constexpr = $k_tpw_row * NW
+    pid_bh, batch, head, m = ${k}_coords()
+    kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
+    k_row = (batch * $hk + head // $group_k) * $kv_len
+    v_row = (batch * $hv + head // $group_v) * $kv_len
+    chunk_rows = gl.arange(0, CH, layout=gl.SliceLayout(1, k_layout))
+$k_setup
+    for j in range(n_tiles + 1):
+        if j < n_tiles:
+            st = j % $stages
+            start = kv_lo + (n_tiles - 1 - j) * BN
+            mbarrier.wait(k_empty.index(st), ((j // $stages) & 1) ^ 1)
+            mbarrier.expect(k_raw.index(st), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_raw.index(st), k_smem.index(st))
+        if j > 0:
+            st = (j - 1) % $stages
+            ph = ((j - 1) // $stages) & 1
+            start = kv_lo + (n_tiles - j) * BN
+            mbarrier.wait(k_raw.index(st), ph)
+            tile = k_smem.index(st)
+            for c in gl.static_range(BN - CH, -1, -CH):
+                rows = start + c + chunk_rows
+                chunk = tile.slice(c, CH, dim=0)
+$k_transform
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(k_ready.index(st))
+            # V of the same tile (first read one consumer step after its K)
+            mbarrier.wait(v_empty.index(st), ph ^ 1)
+            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+''')
+"""The 4-warp producer of `rope-fusion` fused: K reaches the consumers transformed.
+`k_transform` loads each column part of `chunk` (`k_vec` x `k_tpw_row` x `k_tpw_col`
+blocked layout), calls the K device function and stores the parts back. Chunks go from
+the tile's last to its first, as tiles do, so the rows a thread visits descend by `CH`
+all along the walk: with a rope, `k_setup` evaluates cos and sin once per CTA (at the
+first tile's last chunk, and the rotation by -`CH` rows) and `k_transform` steps them
+after each chunk (fp32 rotations, no transcendental per tile)."""

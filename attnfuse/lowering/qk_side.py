@@ -143,14 +143,16 @@ class SideTransforms:
 
     def apply(
         self, b: TileBuilder, parts: dict[str, SSAValue], layout: tuple[Part, ...], rows: SSAValue,
-        batch: Value, row_mask: SSAValue,
+        batch: Value, row_mask: SSAValue | None, cos_sin: tuple[SSAValue, SSAValue] | None = None,
     ) -> dict[str, SSAValue]:
-        """Apply the transforms, in order, to fp32 parts of rows `rows` ([R] i32)."""
+        """Apply the transforms, in order, to fp32 parts of rows `rows` ([R] i32);
+        `row_mask` None: every row is in bounds. `cos_sin`: the rope's cos and sin, when
+        the caller has them (else they are read from its table or evaluated)."""
         for n, op in enumerate(self.transforms):
             if isinstance(op, QKNormOp):
                 parts = self._qk_norm(b, n, op, parts, layout)
             else:
-                parts = self._rope(b, n, op, parts, rows, batch, row_mask)
+                parts = self._rope(b, n, op, parts, rows, batch, row_mask, cos_sin)
         return parts
 
     def _qk_norm(
@@ -172,9 +174,9 @@ class SideTransforms:
 
     def _rope(
         self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
-        batch: Value, row_mask: SSAValue,
+        batch: Value, row_mask: SSAValue | None, cos_sin: tuple[SSAValue, SSAValue] | None = None,
     ) -> dict[str, SSAValue]:
-        cos, sin = self.cos_sin(b, n, op, tile_width(parts["a"]), rows, batch, row_mask)
+        cos, sin = cos_sin or self.cos_sin(b, n, op, tile_width(parts["a"]), rows, batch, row_mask)
         a, bb = parts["a"], parts["b"]
         out = dict(parts)
         out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")

@@ -2,7 +2,8 @@
 compile / eligibility tests and the GPU correctness tests (tests/gpu/test_hopper_forward_gpu.py).
 
 `ELIGIBLE`: name -> (program text, pipeline). Examples run with rope-fusion hybrid (the
-default for Llama-3: K pre-rotated by a pre-kernel, Q rotated in the kernel's prologue).
+default for Llama-3: K pre-rotated by a pre-kernel, Q rotated in the kernel's prologue);
+`*_fused` ones with rope-fusion fused (K transformed by the producer warpgroup too).
 `INELIGIBLE`: name -> (program text, pipeline, a fragment of the reason logged).
 """
 
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from programs import Builder
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -79,9 +81,14 @@ def _bottom_right() -> str:
     return b.build().text
 
 
-def _d64() -> str:
+def _example(example: str, name: str) -> str:
+    """A shipped example's text with its function renamed `name`."""
+    return (EXAMPLES / f"{example}.attn").read_text().replace(f"@{example}(", f"@{name}(")
+
+
+def _d64(name: str = "d64") -> str:
     """Head dim 64, GQA 16/4, RoPE + QK-norm without weight, causal."""
-    b = Builder("d64", hq=16, hkv=4, d=64, dtype="bf16")
+    b = Builder(name, hq=16, hkv=4, d=64, dtype="bf16")
     b.qk_norm(eps=1e-6).rope(theta=10000.0).mask("causal")
     return b.build().text
 
@@ -133,10 +140,20 @@ ELIGIBLE: dict[str, tuple[str, str]] = {
     "bottom_right": (_bottom_right(), pipeline()),
     "d64": (_d64(), pipeline()),
     "score_mod": (_score_mod(), pipeline("fused")),
+    "llama3_fused": (_example("llama3", "llama3_fused"), pipeline("fused")),
+    "qwen3_fused": (_example("qwen3", "qwen3_fused"), pipeline("fused")),
+    "d64_fused": (_d64("d64_fused"), pipeline("fused")),
 }
 
+def _k_positions() -> str:
+    """A K rope with a positions operand (K rows at arbitrary positions)."""
+    b = Builder("k_positions", hq=8, hkv=2, d=128, dtype="bf16")
+    pos = b.arg("pos", "tensor<?xi32>", lambda g, batch, sq, skv: torch.arange(skv, dtype=torch.int32))
+    b.rope("q", theta=10000.0).rope("k", positions=pos, theta=10000.0).mask("causal")
+    return b.build().text
+
+
 INELIGIBLE: dict[str, tuple[str, str, str]] = {
-    "llama3_fused": ((EXAMPLES / "llama3.attn").read_text(), pipeline("fused"), "K transforms run in the kernel"),
     "gemma2": ((EXAMPLES / "gemma2.attn").read_text(), pipeline(), "head dims 256/256"),
     "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), pipeline(), "attention sinks"),
     "document": ((EXAMPLES / "document.attn").read_text(), pipeline(), "runtime block map"),
@@ -145,6 +162,7 @@ INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "sinks": (_sinks(), pipeline(), "attention sinks"),
     "d96": (_d96(), pipeline(), "head dims 96/96"),
     "interleaved": (_interleaved(), pipeline(), "not half-style"),
+    "k_positions": (_k_positions(), pipeline("fused"), "a K rope with a positions operand"),
 }
 
 

@@ -107,12 +107,38 @@ def test_gluon_kernels_compile_for_sm90() -> None:
     resources = sm90_resources([program for _, program in sorted(ELIGIBLE.items())], timeout=900)
     assert sorted(resources) == sorted(f"{name}_fwd_ws" for name in ELIGIBLE)
     for name, r in resources.items():
-        # no spilled value is read back (at most one 4-byte store at a partition's start)
-        assert r["local_loads"] == 0 and r["spill_bytes"] <= 4, (name, r)
         assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
         assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, (name, r)
-        assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
         assert r["num_warps"] == 12, (name, r)
+        if name.removesuffix("_fwd_ws").endswith("_fused"):
+            # the K-transforming producer warpgroup gets 40 registers, the consumers 232;
+            # ptxas spills a few values (the consumers at 232 and the producer's
+            # rotation; measured harmless on an H200 for the consumers) and libdevice's
+            # sin/cos reduction of large angles uses a local array (the local loads)
+            assert {40, 232} <= set(r["setmaxnreg"]), (name, r)
+            assert r["spill_bytes"] <= 96, (name, r)
+        else:
+            # no spilled value is read back (at most one 4-byte store at a partition's start)
+            assert r["local_loads"] == 0 and r["spill_bytes"] <= 4, (name, r)
+            assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
+
+
+@pytest.mark.parametrize("name", ["llama3_fused", "qwen3_fused"])
+def test_fused_producer_transforms_k_in_place(name: str) -> None:
+    """rope-fusion fused: a 4-warp producer transforms each K tile in shared memory
+    before handing it over, walking chunks downwards with cos/sin stepped by a rotation
+    (no sin/cos per tile); a rope alone rotates in bf16, QK-norm + rope in fp32."""
+    module = lower(*ELIGIBLE[name])
+    [kernel] = ops_of(module, th.KernelOp)
+    template = kernel.template.data
+    assert "k_raw" in template and "], [4, 4], [232, 40])" in template
+    assert "for c in gl.static_range(BN - CH, -1, -CH):" in template
+    assert "cos, sin = cos * step_cos - sin * step_sin, sin * step_cos + cos * step_sin" in template
+    functions = {f.sym_name.data: f for f in ops_of(module, th.FuncOp)}
+    k_body = emit_function(functions[f"{name}_fwd_ws_k"]).split("\n", 2)[2]
+    assert ("gl.cast(k_a, gl.float32)" in k_body) == (name == "qwen3_fused"), k_body
+    assert "gl.cos(" in emit_function(functions[f"{name}_fwd_ws_k_angles"])
+    assert "gl.cos(" not in k_body and "_rope" not in k_body  # no sin/cos, no table reads
 
 
 def test_cpu_calls_run_the_triton_kernel() -> None:

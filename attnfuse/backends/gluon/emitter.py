@@ -61,6 +61,8 @@ def _emits(*op_types: type[Operation]) -> Callable[[_Handler], _Handler]:
 class GluonEmitter(TritonEmitter):
     """Emits the `@gluon.jit` helper of one `tile_hopper.func`."""
 
+    native_bf16 = True
+
     def __init__(self, function: th.FuncOp):
         super().__init__(function)  # type: ignore[arg-type]
         self.function = function

@@ -60,8 +60,8 @@ def _compute(
 ) -> None:
     """Assign `build(*operand_exprs)` to the result of `op`. bf16 is computed in f32
     and rounded back: the Triton interpreter stores bf16 as uint16 and has no bf16
-    arithmetic, and on the GPU this is what Triton does for most bf16 math anyway."""
-    bf16 = any(_is_bf16(v.type) for v in operands)
+    arithmetic (`TritonEmitter.native_bf16` emitters skip the round trip)."""
+    bf16 = not e.native_bf16 and any(_is_bf16(v.type) for v in operands)
     args = [
         f"tl.cast({e.expr(v)}, tl.float32)"
         if bf16 and _is_bf16(v.type) and not e.is_literal(v)

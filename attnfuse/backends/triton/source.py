@@ -190,6 +190,11 @@ def _shape_text(shape: Sequence[int]) -> str:
 class TritonEmitter:
     """Emits the `@triton.jit` function of one `tile.kernel`."""
 
+    native_bf16 = False
+    """Whether bf16 arithmetic is emitted as such (GPU-only kernels) rather than in f32
+    with a rounding after each op (what the interpreter can run). One op rounds the
+    same either way."""
+
     def __init__(self, kernel: tile.KernelOp):
         self.kernel = kernel
         self.lines: list[str] = []
