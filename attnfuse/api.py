@@ -235,9 +235,11 @@ class AttentionFunction:
         if not needs_grad and plain and not torch.compiler.is_compiling():
             # Eager inference on plain tensors: the launch plan directly, without the
             # dispatcher's cost (about 28 us per call); autograd, fake/meta tensors,
-            # tensor subclasses and torch.compile go through the custom op.
-            out, lse = self._forward(args)[:2]
-            return (out, lse) if return_lse or self.returns_lse else out
+            # tensor subclasses and torch.compile go through the custom op. A call that
+            # drops lse lets the plan skip its allocation (`LaunchPlan.run`).
+            want_lse = return_lse or self.returns_lse
+            out, lse = self._forward(args, want_lse)[:2]
+            return (out, lse) if want_lse else out
         try:
             out, lse = self._op(*args)
         except (RuntimeError, TypeError):
@@ -250,9 +252,9 @@ class AttentionFunction:
             return out, lse
         return out
 
-    def _forward(self, args: Sequence[Any]) -> list[Any]:
-        """The forward host program on arguments whose scalars are converted."""
-        return self._runner.forward(args)
+    def _forward(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
+        """The forward host program on arguments whose scalars are converted (`Runner.forward`)."""
+        return self._runner.forward(args, lse)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:

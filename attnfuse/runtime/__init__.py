@@ -2,7 +2,8 @@
 
 - `loader`: emitted Triton source -> live kernels (compiled or interpreted), from memory;
 - `host`: host code read once into launch plans per shape class;
-- `launch`: one kernel launch of a plan (the launch-argument list, the direct launcher);
+- `plan`: a launch plan's steps and the buffers it reuses per stream;
+- `launch`: one kernel launch of a plan (the launch-argument list, the direct launcher, TMA descriptors);
 - `checks`: argument checks at the kernel boundary (`AttnfuseArgumentError`);
 - `runner`: the forward and backward of one compiled program (what its ops call);
 - `op`: the `torch.library` custom ops of a compiled program (forward, backward, fakes, autograd);

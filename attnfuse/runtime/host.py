@@ -7,11 +7,11 @@ arguments' shapes, strides, dtypes, device and 16-byte alignment, and whether ea
 integer scalar fits in 32 bits. That is everything Triton specializes a kernel on, so a
 plan fixes every size, grid, buffer shape and kernel argument but the data pointers and
 dynamic scalars. The first call of a shape class builds its plan while running (and
-checks every tensor at the kernel boundary); later calls run the plan: a few
-allocations and kernel launches. Sizes, grids and run-time choices (how many programs
-split the keys of a decode call, which kernels run: a zero grid launches nothing) are
-integer `arith` (with `cmpi` and `select`) over `host.dim` and `host.sm_count`, so a plan
-computes them once.
+checks every tensor at the kernel boundary); later calls run the plan (`plan.LaunchPlan`):
+a few allocations and kernel launches. Sizes, grids and run-time choices (how many
+programs split the keys of a decode call, which kernels run: a zero grid launches nothing
+and leaves no step) are integer `arith` (with `cmpi` and `select`) over `host.dim` and
+`host.sm_count`, so a plan computes them once.
 
 Tensors reach kernels as a pointer plus per-dim strides, so any strided view works
 without a copy; a size-1 dim gets stride 0, which is how broadcast operands (a
@@ -20,9 +20,14 @@ and head offsets are 64-bit), so a stride, or the offset spanned by the dims aft
 and head, that exceeds int32 is an `AttnfuseArgumentError` naming the tensor.
 
 A launch whose inputs are only shapes and constants (the block map of a mask that does
-not read tensors, e.g. a custom predicate over indices) runs once per plan: its output
-buffers are kept with the plan. A block map that reads data (document ids) runs on
-every call.
+not read tensors, e.g. a custom predicate over indices, or a cos/sin table) runs once per
+plan: its output buffers are kept with the plan. A block map that reads data (document
+ids) runs on every call. A kernel whose metadata does not list what it writes
+(`KernelMetadata.writes` None) is taken to write every tensor it takes, so a table it
+reads is rebuilt on every call. A buffer with no elements (the split-KV workspace of a
+call that does not split) is allocated once and kept with the plan too, unless the
+function returns it. Calls that drop the lse may reuse one lse buffer per stream
+(`plan.lean_steps`).
 """
 
 from __future__ import annotations
@@ -51,14 +56,12 @@ from attnfuse.dialects.host import (
 )
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.plan import SCRATCH_BYTES, LaunchPlan, Scratch, Slots, Step
 
 logger = logging.getLogger(__name__)
 
 MAX_PLANS = 64
 """Launch plans kept per host program (oldest dropped first)."""
-
-Slots = list[Any]
-Step = Callable[[Slots], None]
 
 _INT_OPS: dict[type[Operation], Callable[..., int]] = {
     arith.AddiOp: lambda a, b: a + b,
@@ -107,33 +110,13 @@ def call_signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(
-        (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0)
-        if isinstance(a, torch.Tensor)
-        else (type(a), -(2**31) <= a < 2**31)
-        for a in args
-    )
-
-
-class LaunchPlan:
-    """The steps of one host program for one shape class (see the module docstring)."""
-
-    def __init__(self, device: torch.device, blank: Slots, steps: list[Step], returns: tuple[int, ...]) -> None:
-        self.device = device
-        self.blank = blank
-        self.steps = steps
-        self.returns = returns
-
-    def run(self, args: Sequence[Any]) -> list[Any]:
-        slots = [*args, *self.blank]
-        if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
-            with torch.cuda.device(self.device):
-                for step in self.steps:
-                    step(slots)
+    key = []
+    for a in args:  # a loop, not a generator: this runs on every call
+        if isinstance(a, torch.Tensor):
+            key.append((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0))
         else:
-            for step in self.steps:
-                step(slots)
-        return [slots[i] for i in self.returns]
+            key.append((type(a), -2147483648 <= a < 2147483648))
+    return tuple(key)
 
 
 class HostProgram:
@@ -226,8 +209,9 @@ class HostProgram:
                 names = iter(meta.arg_names)
                 by_name: dict[str, SSAValue] = {}
                 for a in op.args:
-                    by_name[next(names)] = a
-                    if isinstance(a.type, TensorType):
+                    name = next(names)
+                    by_name[name] = a
+                    if isinstance(a.type, TensorType) and name not in meta.tma:  # strides follow; not a descriptor's
                         for _ in a.type.get_shape():
                             next(names)
                 written = {by_name[n] for n in meta.writes if n in by_name}
@@ -294,6 +278,13 @@ class HostProgram:
                 step = self._int_step(fn, op, out, slots, static)
             elif isinstance(op, AllocOp):
                 step = self._alloc_step(op, out, slots, device)
+                step(slots)
+                if slots[out].numel() == 0 and out not in self.returns:  # no data: one buffer serves every call
+                    kept[out] = slots[out]
+                    static.add(out)
+                else:
+                    steps.append(step)
+                continue
             elif isinstance(op, TmaReadyOp):
                 slots[out] = self._tma_ready(op, slots, device)
                 static.add(out)
@@ -302,7 +293,8 @@ class HostProgram:
                     continue  # a guarded launch this shape class does not take
                 step = self._launch_step(op, slots, static, kernels, device)
                 if op in self.cached_launches:
-                    step(slots)  # runs once; its buffers stay with the plan
+                    if step is not None:
+                        step(slots)  # runs once; its buffers stay with the plan
                     for a in op.args:
                         index = self.slots[a]
                         if isinstance(a.type, TensorType) and index not in static:
@@ -324,8 +316,35 @@ class HostProgram:
         blank: Slots = [None] * (len(self.slots) - self.n_args)
         for index, value in kept.items():
             blank[index - self.n_args] = value
-        plan = LaunchPlan(device, blank, steps, self.returns)
-        return plan, [slots[i] for i in self.returns]
+        return self._plan(device, blank, steps, slots), [slots[i] for i in self.returns]
+
+    def _plan(self, device: torch.device, blank: Slots, steps: list[Step], slots: Slots) -> LaunchPlan:
+        """The plan of `steps`, with the buffers they allocate that qualify as scratch
+        (see `plan`): uninitialized, read by launches and shape checks only, returned as
+        result 1 at most (then only for calls that drop it); in program order while they
+        total at most `SCRATCH_BYTES`."""
+        values = {index: value for value, index in self.slots.items()}
+        lse = self.returns[1] if len(self.returns) > 1 and self.returns.count(self.returns[1]) == 1 else None
+        internal: list[Step] = []
+        dropped: Step | None = None
+        size = 0
+        for step in steps:
+            out = getattr(step, "out", None)
+            if out is None or (out in self.returns and out != lse):
+                continue
+            nbytes = slots[out].numel() * slots[out].element_size()
+            if not _launch_buffer(values[out]) or size + nbytes > SCRATCH_BYTES:
+                continue
+            size += nbytes
+            if out == lse:
+                dropped = step
+            else:
+                internal.append(step)
+        if not internal and dropped is None:
+            return LaunchPlan(device, blank, steps, self.returns)
+        scratch = Scratch(internal, dropped, self.n_args, device)
+        reusing = [s for s in steps if s not in internal]
+        return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s is not dropped])
 
     def _int_step(self, fn: Callable[..., int], op: Operation, out: int, slots: Slots,
                   static: set[int]) -> Step | None:
@@ -374,8 +393,9 @@ class HostProgram:
         return reason is None
 
     def _launch_step(self, op: LaunchOp, slots: Slots, static: set[int], kernels: Mapping[str, Any],
-                     device: torch.device) -> Step:
-        """The one place where a launch's argument list is built (see `KernelLaunch`)."""
+                     device: torch.device) -> KernelLaunch | None:
+        """The one place where a launch's argument list is built (see `KernelLaunch`);
+        None for an empty grid, which launches nothing."""
         name = op.kernel.root_reference.data
         meta = self.metadata[name]
         grid = tuple(int(slots[self.slots[g]]) for g in (op.grid_x, op.grid_y, op.grid_z))
@@ -407,7 +427,7 @@ class HostProgram:
                     fill.append((len(template), index))
                 template.append(arg if index in static else None)
         launch = KernelLaunch(kernels[name], meta, grid, template, tuple(fill), device, tuple(descriptors))
-        return launch if 0 not in grid else _skip
+        return launch if 0 not in grid else None
 
     def _describe(self, value: SSAValue) -> str:
         index = self.slots[value]
@@ -431,8 +451,12 @@ def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, ar
     return None
 
 
-def _skip(_: Slots) -> None:
-    """An empty grid launches nothing."""
+def _launch_buffer(value: SSAValue) -> bool:
+    """Whether `value` is an uninitialized `host.alloc` that only launches, shape-only
+    ops (`host.dim`, `host.tma_ready`) and the return use."""
+    owner = value.owner
+    return isinstance(owner, AllocOp) and owner.zero is None and all(
+        isinstance(use.operation, (LaunchOp, DimOp, TmaReadyOp, func.ReturnOp)) for use in value.uses)
 
 
 def _reduce_step(op: ReduceSumOp, out: int, source: int) -> Step:

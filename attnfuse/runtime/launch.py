@@ -3,25 +3,36 @@
 `KernelLaunch` holds a launch's grid and its argument list as a template: strides,
 sizes, constant tables and buffers that a plan keeps are filled in; `fill` lists the
 positions of the tensors and scalars that change from call to call, `descriptors` the
-TMA descriptor arguments (Gluon kernels), built on every call from a tensor slot as a
-2-D view over its last dim (the flat view for a 1-D block) with the block's default NVMMA shared layout.
+TMA descriptor arguments (Gluon kernels), each a 2-D view over its last dim of a tensor
+slot (the flat view for a 1-D block) with the block's default NVMMA shared layout.
 
 On a GPU the first launch goes through `JITFunction.run`, which binds, specializes and
 compiles (or finds the compiled kernel in Triton's caches) and returns the
 `CompiledKernel`; a plan fixes everything Triton specializes on, so later launches call
 that kernel's launcher directly, on the current stream. When the kernel needs no
-global or profiling scratch (Triton allocates it per launch otherwise) the call goes one
-level lower still, to the C launch function that `CudaLauncher.__call__` wraps, and
-when no launch hook is registered (Triton 3.6 keeps them in `HookChain`s, never None)
-it passes None for the hooks and builds no launch metadata: about 5 us less per launch
-on an H200 host. Launch hooks (`triton.knobs.runtime.launch_enter_hook`, profilers)
-that are registered still run. On the CPU every launch goes through Triton's
-interpreter, one at a time (`loader.INTERPRETER_LOCK`).
+global or profiling scratch (Triton allocates it per launch otherwise) and no launch
+hook is registered (Triton 3.6 keeps them in `HookChain`s, never None), the call goes
+one level lower still, to the C launch function that `CudaLauncher.__call__` wraps,
+with None for the hooks and no launch metadata: about 5 us less per launch on an H200
+host. Launch hooks (`triton.knobs.runtime.launch_enter_hook`, profilers) that are
+registered still run, through the launcher.
+
+A Gluon kernel's launcher expands each descriptor argument into a filled `CUtensorMap`,
+its shape and its strides (Triton's `wrap_handle_tensordesc`) after building and
+validating a `TensorDescriptor`: about 10 us of Python per launch of three descriptors.
+The direct path calls the C function under that wrapper with the expansion resolved per
+plan: shapes and strides are constants of its argument list, and `TmaDescriptors` keeps
+the filled maps by base address (a map is a kernel parameter, copied at launch, so one
+serves any number of launches; a new address is checked and filled as Triton does). On
+the CPU every launch goes through Triton's interpreter, one at a time
+(`loader.INTERPRETER_LOCK`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,12 +40,45 @@ import torch
 from attnfuse.backends.triton.metadata import KernelMetadata
 from attnfuse.runtime.loader import INTERPRETER_LOCK
 
+TMA_CACHE_SIZE = 16
+"""Filled TMA descriptors kept per descriptor argument of a launch (oldest dropped first)."""
+
+
+class TmaDescriptors:
+    """The filled TMA descriptors of one descriptor argument of a launch, by base address.
+
+    `make(tensor)` is Triton's expansion of the argument, `[descriptor, *shape,
+    *strides]`. A plan fixes everything a descriptor encodes but the address (the view's
+    shape and strides, dtype, block, layout, padding), so a descriptor filled for an
+    address serves every later call at that address; another address is filled anew."""
+
+    __slots__ = ("lock", "make", "maps")
+
+    def __init__(self, make: Callable[[torch.Tensor], list[Any]]) -> None:
+        self.make = make
+        self.maps: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def get(self, tensor: torch.Tensor) -> Any:
+        """The descriptor of `tensor` (filled at the first call at its address)."""
+        found = self.maps.get(tensor.data_ptr())
+        return self.expand(tensor)[0] if found is None else found
+
+    def expand(self, tensor: torch.Tensor) -> list[Any]:
+        """Triton's expansion of `tensor`'s argument (a new descriptor), kept by address."""
+        expanded = self.make(tensor)
+        with self.lock:
+            if len(self.maps) >= TMA_CACHE_SIZE:
+                self.maps.pop(next(iter(self.maps)))
+            self.maps[tensor.data_ptr()] = expanded[0]
+        return expanded
+
 
 class KernelLaunch:
     """A launch step of a plan (see the module docstring); call it with the slots."""
 
-    __slots__ = ("compiled", "descriptors", "device_index", "fill", "grid", "kernel", "knobs", "meta", "options",
-                 "raw", "stream", "template")
+    __slots__ = ("compiled", "descriptors", "device_index", "direct_fill", "direct_template", "fill", "grid",
+                 "kernel", "knobs", "meta", "options", "raw", "stream", "template", "tma")
 
     def __init__(self, kernel: Any, meta: KernelMetadata, grid: tuple[int, int, int],
                  template: list[Any], fill: Sequence[tuple[int, int]], device: torch.device,
@@ -53,8 +97,27 @@ class KernelLaunch:
         self.stream: Any = None
         self.knobs: Any = None
         self.raw: tuple[Any, tuple[Any, ...]] | None = None
+        self.direct_template = template
+        """The argument list of the C launch function (descriptors expanded)."""
+        self.direct_fill = self.fill
+        self.tma: tuple[tuple[int, int, TmaDescriptors], ...] = ()
+        """(position in `direct_template`, slot, its descriptors) per descriptor argument."""
 
     def __call__(self, slots: list[Any]) -> None:
+        if self.raw is not None:
+            knobs = self.knobs
+            if not _hooked(knobs.launch_enter_hook) and not _hooked(knobs.launch_exit_hook):
+                args = self.direct_template.copy()
+                for position, slot in self.direct_fill:
+                    args[position] = slots[slot]
+                for position, slot, maps in self.tma:
+                    args[position] = maps.get(slots[slot])
+                launch, head = self.raw
+                kernel = self.compiled
+                g0, g1, g2 = self.grid
+                launch(g0, g1, g2, self.stream(self.device_index), kernel.function, *head, kernel.packed_metadata,
+                       None, None, None, *args)
+                return
         args = self.template.copy()
         for position, slot in self.fill:
             args[position] = slots[slot]
@@ -64,27 +127,51 @@ class KernelLaunch:
             with INTERPRETER_LOCK:
                 self.kernel[self.grid](*args, **self.options)
         elif self.compiled is None:
-            self._first_launch(args)
+            self._first_launch(args, slots)
         else:
             kernel = self.compiled
             stream = self.stream(self.device_index)
             enter, exit_ = self.knobs.launch_enter_hook, self.knobs.launch_exit_hook
-            g0, g1, g2 = self.grid
-            if self.raw is not None and not _hooked(enter) and not _hooked(exit_):
-                launch, head = self.raw
-                launch(g0, g1, g2, stream, kernel.function, *head, kernel.packed_metadata, None, None, None, *args)
-                return
             metadata = kernel.launch_metadata(self.grid, stream, *args) if enter is not None else None
+            g0, g1, g2 = self.grid
             kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, metadata, enter, exit_, *args)
 
-    def _first_launch(self, args: list[Any]) -> None:
+    def _first_launch(self, args: list[Any], slots: list[Any]) -> None:
         from triton import knobs
         from triton.runtime import driver
 
         self.stream = driver.active.get_current_stream
         self.knobs = knobs.runtime
         self.compiled = self.kernel[self.grid](*args, **self.options)
-        self.raw = _raw_launch(self.compiled)
+        raw = _raw_launch(self.compiled)
+        if raw is not None and self.descriptors:
+            unwrapped = _descriptor_launch(raw[0], [position for position, *_ in self.descriptors])
+            if unwrapped is None:
+                return  # an unknown wrapper: the generic path
+            launch, metas = unwrapped
+            self._expand_descriptors(metas, slots)
+            raw = launch, raw[1]
+        self.raw = raw
+
+    def _expand_descriptors(self, metas: Sequence[dict[str, Any]], slots: list[Any]) -> None:
+        """The direct path's argument list: each descriptor argument expanded as Triton's
+        wrapper does, its map left to `tma` (filled here for this call's tensor)."""
+        descriptors = {d[0]: (d, meta) for d, meta in zip(self.descriptors, metas)}
+        fill = dict(self.fill)
+        template: list[Any] = []
+        direct_fill: list[tuple[int, int]] = []
+        tma: list[tuple[int, int, TmaDescriptors]] = []
+        for position, value in enumerate(self.template):
+            if position in descriptors:
+                (_, slot, block, (layout, shape, strides)), meta = descriptors[position]
+                maps = TmaDescriptors(functools.partial(_tensordesc_arg, meta, shape, strides, block, layout))
+                tma.append((len(template), slot, maps))
+                template.extend([None, *maps.expand(slots[slot])[1:]])
+            else:
+                if position in fill:
+                    direct_fill.append((len(template), fill[position]))
+                template.append(value)
+        self.direct_template, self.direct_fill, self.tma = template, tuple(direct_fill), tuple(tma)
 
     def _descriptors(self, args: list[Any], slots: list[Any]) -> None:
         """TMA descriptors of this call's tensors. Shapes are fixed by the plan: the layout
@@ -114,7 +201,7 @@ def _hooked(hook: Any) -> bool:
 
 
 def _raw_launch(compiled: Any) -> tuple[Any, tuple[Any, ...]] | None:
-    """(C launch function, the arguments it takes between the function handle and the
+    """(launch function, the arguments it takes between the function handle and the
     packed metadata) of a compiled kernel that needs no scratch buffers, else None (the
     generic `CudaLauncher.__call__` path)."""
     launcher = compiled.run
@@ -124,3 +211,30 @@ def _raw_launch(compiled: Any) -> tuple[Any, tuple[Any, ...]] | None:
         return launcher.launch, (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None)
     except AttributeError:  # another Triton version or backend
         return None
+
+
+def _tensordesc_arg(meta: dict[str, Any], shape: list[int], strides: list[int], block: list[int], layout: Any,
+                    tensor: torch.Tensor) -> list[Any]:
+    """Triton's expansion of a descriptor argument over `tensor`: `[filled map, *shape,
+    *strides]`, after `TensorDescriptor`'s checks (alignment, strides, block)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return make_tensordesc_arg(TensorDescriptor(tensor, shape, strides, block, layout), meta)
+
+
+def _descriptor_launch(wrapper: Any, positions: Sequence[int]) -> tuple[Any, list[dict[str, Any]]] | None:
+    """(the C launch function, the descriptors' metadata) under Triton 3.6's descriptor
+    wrapper (`wrap_handle_tensordesc`'s `inner`) when it expands exactly the descriptor
+    arguments at `positions` into filled maps; None otherwise (another Triton version,
+    or descriptors it passes as base pointers)."""
+    try:
+        cells = dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__)))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    launch, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+    if not callable(launch) or indices != set(positions) or not isinstance(metas, list) or len(metas) != len(positions):
+        return None
+    if not all(isinstance(meta, dict) for meta in metas):
+        return None
+    return launch, metas

@@ -29,16 +29,17 @@ class Runner:
         self.checker = checker
         self.grad_of = tuple(grad_of)
 
-    def forward(self, args: Sequence[Any]) -> list[Any]:
+    def forward(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """The forward host program's results (out, lse, ...) on arguments whose scalars
-        are converted: the plan of the call's shape class, or a new one."""
+        are converted: the plan of the call's shape class, or a new one. `lse=False`:
+        the caller drops lse (see `LaunchPlan.run`)."""
         signature = call_signature(args)
         plan = self.host.plan(signature)
         device = self.checker.check(args) if plan is None else None
         self.checker.segment_values(args)
         self.checker.page_values(args)
         if plan is not None:
-            return plan.run(args)
+            return plan.run(args, lse)
         assert device is not None
         return self.host.build(args, signature, device)
 

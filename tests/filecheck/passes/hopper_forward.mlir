@@ -2,10 +2,12 @@
 // RoPE with K pre-rotated by rope-fusion hybrid) gets, besides the Triton forward, the
 // warp-specialized Gluon kernel: device functions in tile IR (KV walk, Q prologue,
 // score chain), a tile_hopper.kernel with TMA descriptor arguments for K, V and Out,
-// and host code that picks one of the two forward launches per shape class.
+// and host code that picks one of the two forward launches per shape class. Under
+// rope-fusion fused the kernel reads the raw K and its producer rotates each K tile
+// (device functions @..._k and @..._k_angles).
 // RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile' | filecheck %s
 // RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile{hopper-forward=false}' | filecheck %s --check-prefix=OFF
-// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,lower-to-tile' | filecheck %s --check-prefix=OFF
+// RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,lower-to-tile' | filecheck %s --check-prefix=FUSED
 // RUN: attnfuse-opt %s -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling,lower-to-tile' -t triton | filecheck %s --check-prefix=GLUON
 
 func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
@@ -38,6 +40,16 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
 // CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
 // CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks]
+
+// FUSED:       %use_hopper = host.tma_ready %q, %k, %v, %out
+// FUSED:       %ws_grid_bh = arith.muli
+// FUSED:       host.launch @llama_fwd_ws[%ws_grid_bh, %ws_grid_m, %one] (%k, %v, %out, %q, %lse,
+// FUSED:       tile_hopper.func @llama_fwd_ws_k(%k_a: tensor<8x64xbf16>, %k_b: tensor<8x64xbf16>, %cos: tensor<8x64xf32>, %sin: tensor<8x64xf32>, %rows: tensor<8xi32>, %batch: i32,
+// FUSED:         %rot_a = arith.subf
+// FUSED:       tile_hopper.func @llama_fwd_ws_k_angles(%pos: tensor<8xi32>,
+// FUSED:         %cos = math.cos %angle : tensor<8x64xf32>
+// FUSED:       tile_hopper.kernel @llama_fwd_ws(
+// FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles]
 
 // OFF-NOT:     tma_ready
 // OFF-NOT:     tile_hopper

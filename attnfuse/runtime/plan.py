@@ -1,0 +1,117 @@
+"""Launch plans: the steps of one host program for one shape class (see `host`).
+
+`LaunchPlan.run` runs a plan's steps on a call's arguments under the plan's device and
+returns the host program's results. Buffers that never leave a call (the rotated K of a
+pre-kernel, a table built per call, split-KV workspaces) are *scratch*: a plan keeps one
+set per stream (`Scratch`) and runs its steps without their allocations; a call that
+drops the lse (eager inference that returns only `out`) treats the lse the same way.
+This is the caching allocator's own rule: memory that a call's kernels use on a stream
+may serve the next call on that stream, whose kernels run after them. Calls that use
+scratch run their steps one at a time per plan (a lock), so no other call's launches
+come between those of one call. While a stream is being captured into a CUDA graph,
+every buffer is allocated as usual (a graph keeps its addresses).
+
+`HostProgram` decides which buffers are scratch: those the host code allocates
+uninitialized that only launches and shape-only ops (`host.dim`, `host.tma_ready`) use,
+not returned (the lse: returned as result 1 only), in program order while they total at
+most `SCRATCH_BYTES`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+Slots = list[Any]
+Step = Callable[[Slots], None]
+
+SCRATCH_BYTES = 1 << 20
+"""The most bytes of scratch a plan keeps per stream; buffers beyond it are allocated per call."""
+
+
+class Scratch:
+    """The scratch buffers of a plan, one set per stream (see the module docstring)."""
+
+    __slots__ = ("allocs", "blanks", "cuda_index", "dropped", "lock", "n_args", "stream")
+
+    def __init__(self, allocs: Sequence[Step], dropped: Step | None, n_args: int, device: torch.device) -> None:
+        self.allocs = tuple(allocs)
+        """The allocation steps of the buffers that never leave a call (each writes its
+        slot `out`, counting the `n_args` arguments)."""
+        self.dropped = dropped
+        """The allocation step of result 1, for calls that drop it."""
+        self.n_args = n_args
+        self.cuda_index = device.index if device.type == "cuda" else None
+        self.lock = threading.Lock()
+        self.blanks: dict[tuple[int, bool], Slots] = {}
+        self.stream: Callable[[int], int] | None = None
+
+    def key(self) -> int | None:
+        """The current stream of the plan's device (0 on the CPU, where the interpreter
+        runs launches to the end); None while it is being captured."""
+        if self.cuda_index is None:
+            return 0
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        if self.stream is None:
+            from triton.runtime import driver
+
+            self.stream = driver.active.get_current_stream
+        return self.stream(self.cuda_index)
+
+    def blank(self, key: int, blank: Slots, lse: bool) -> Slots:
+        """A plan's `blank` slots with the buffers of stream `key` in place, result 1's
+        too unless `lse` (call it under `lock`)."""
+        dropped = self.dropped
+        lse = lse or dropped is None
+        found = self.blanks.get((key, lse))
+        if found is None:
+            slots = [*([None] * self.n_args), *(blank if lse else self.blank(key, blank, True))]
+            for alloc in self.allocs if lse or dropped is None else (dropped,):
+                alloc(slots)
+            found = self.blanks[key, lse] = slots[self.n_args:]
+        return found
+
+
+class LaunchPlan:
+    """The steps of one host program for one shape class (see the module docstring).
+
+    `steps` allocate every buffer; with `scratch`, `reusing` are the steps without the
+    allocations of its buffers, and `lean` also without result 1's (for calls that drop
+    it; `reusing` when it is not scratch)."""
+
+    def __init__(self, device: torch.device, blank: Slots, steps: list[Step], returns: tuple[int, ...],
+                 scratch: Scratch | None = None, reusing: list[Step] | None = None,
+                 lean: list[Step] | None = None) -> None:
+        self.device = device
+        self.cuda_index = device.index if device.type == "cuda" else None
+        self.blank = blank
+        self.steps = steps
+        self.returns = returns
+        self.scratch = scratch
+        self.reusing = steps if reusing is None else reusing
+        self.lean = self.reusing if lean is None else lean
+
+    def run(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
+        """The host program's results on `args`; `lse=False`: the caller drops result 1."""
+        if self.cuda_index is not None and torch.cuda.current_device() != self.cuda_index:
+            with torch.cuda.device(self.device):
+                return self._run(args, lse)
+        return self._run(args, lse)
+
+    def _run(self, args: Sequence[Any], lse: bool) -> list[Any]:
+        scratch = self.scratch
+        key = None if scratch is None else scratch.key()
+        if scratch is None or key is None:
+            slots = [*args, *self.blank]
+            for step in self.steps:
+                step(slots)
+        else:
+            with scratch.lock:
+                slots = [*args, *scratch.blank(key, self.blank, lse)]
+                for step in self.reusing if lse else self.lean:
+                    step(slots)
+        return [slots[i] for i in self.returns]
