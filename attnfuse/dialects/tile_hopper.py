@@ -36,6 +36,7 @@ from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
+    opt_prop_def,
     prop_def,
     region_def,
     traits_def,
@@ -180,12 +181,15 @@ class KernelOp(IRDLOperation):
     `def __kernel__():` and the kernel body (the emitter writes the real signature from
     the block arguments); `callees` are the device functions it calls. `num_warps` is
     the default partition's warp count, `maxnreg` the register cap Triton derives the
-    partitions' `setmaxnreg` budgets from.
+    partitions' `setmaxnreg` budgets from. `writes`, when present, names the arguments
+    the kernel writes through (the launch metadata's `writes`: the runtime may then run
+    a launch that fills a buffer the kernel only reads once per shape class); absent, the
+    kernel may write any tensor it takes.
 
     ```mlir
     tile_hopper.kernel @f_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %Sq: i32)
         attributes {num_warps = 4 : i64, maxnreg = 168 : i64, callees = [@f_score],
-                    launch = {role = "forward"}, template = "..."} {
+                    launch = {role = "forward"}, writes = ["o_desc"], template = "..."} {
     }
     ```
     """
@@ -197,6 +201,7 @@ class KernelOp(IRDLOperation):
     launch = prop_def(DictionaryAttr)
     callees = prop_def(ArrayAttr[SymbolRefAttr])
     template = prop_def(StringAttr)
+    writes = opt_prop_def(ArrayAttr[StringAttr])
     body = region_def("single_block")
     traits = traits_def(SymbolOpInterface(), IsolatedFromAbove(), NoTerminator())
 
@@ -204,15 +209,15 @@ class KernelOp(IRDLOperation):
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], *, num_warps: int, maxnreg: int,
                  launch: dict[str, Attribute], callees: Sequence[str], template: str,
-                 body: Region | None = None):
-        super().__init__(
-            properties={
-                "sym_name": StringAttr(name), "num_warps": IntegerAttr(num_warps, i64),
-                "maxnreg": IntegerAttr(maxnreg, i64), "launch": DictionaryAttr(launch),
-                "callees": ArrayAttr([SymbolRefAttr(c) for c in callees]), "template": StringAttr(template),
-            },
-            regions=[body or Region(Block(arg_types=arg_types))],
-        )
+                 writes: Sequence[str] | None = None, body: Region | None = None):
+        properties: dict[str, Attribute] = {
+            "sym_name": StringAttr(name), "num_warps": IntegerAttr(num_warps, i64),
+            "maxnreg": IntegerAttr(maxnreg, i64), "launch": DictionaryAttr(launch),
+            "callees": ArrayAttr([SymbolRefAttr(c) for c in callees]), "template": StringAttr(template),
+        }
+        if writes is not None:
+            properties["writes"] = ArrayAttr([StringAttr(w) for w in writes])
+        super().__init__(properties=properties, regions=[body or Region(Block(arg_types=arg_types))])
 
     @property
     def args(self) -> tuple[SSAValue, ...]:
@@ -230,12 +235,19 @@ class KernelOp(IRDLOperation):
             raise VerifyException("tile_hopper.kernel template has no 'def __kernel__():' line")
         if self.body.block.ops:
             raise VerifyException("tile_hopper.kernel body holds only its arguments")
+        if self.writes is not None:
+            names = {a.name_hint for a in self.body.block.args}
+            for w in self.writes.data:
+                if w.data not in names:
+                    raise VerifyException(f"tile_hopper.kernel writes '{w.data}', which is not an argument")
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
         printer.print_symbol_name(self.sym_name.data)
         _print_signature(printer, self.body.block)
         attrs = {name: self.properties[name] for name in self._PROP_NAMES}
+        if self.writes is not None:
+            attrs["writes"] = self.writes
         printer.print_op_attributes(attrs, print_keyword=True)
         printer.print_string(" {\n}")
 
@@ -251,6 +263,8 @@ class KernelOp(IRDLOperation):
             if prop not in attrs:
                 parser.raise_error(f"tile_hopper.kernel needs '{prop}'")
             props[prop] = attrs.pop(prop)
+        if "writes" in attrs:
+            props["writes"] = attrs.pop("writes")
         return cls.create(properties=props, attributes=attrs, regions=[body])
 
 

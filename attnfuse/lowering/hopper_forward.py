@@ -360,7 +360,7 @@ class HopperForward(DeviceFunctions):
         decls = descs + self._decls()
         kernel = KernelOp(
             self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch=dict(self.spec.launch),
-            callees=[f.sym_name.data for f in functions], template=text)
+            callees=[f.sym_name.data for f in functions], template=text, writes=["o_desc", lse])
         for arg, (arg_name, _) in zip(kernel.args, decls):
             arg.name_hint = arg_name
         return [*functions, kernel]

@@ -31,6 +31,7 @@ from attnfuse.dialects.tile_builder import TileBuilder
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.runtime.host import tma_unready_reason
 from xdsl.dialects.builtin import ModuleOp, TensorType, f32
+from xdsl.utils.exceptions import VerifyException
 
 
 def lower(text: str, pipe: str) -> ModuleOp:
@@ -139,6 +140,35 @@ def test_fused_producer_transforms_k_in_place(name: str) -> None:
     assert ("gl.cast(k_a, gl.float32)" in k_body) == (name == "qwen3_fused"), k_body
     assert "gl.cos(" in emit_function(functions[f"{name}_fwd_ws_k_angles"])
     assert "gl.cos(" not in k_body and "_rope" not in k_body  # no sin/cos, no table reads
+
+
+def test_forward_kernel_declares_what_it_writes() -> None:
+    """The Gluon forward writes only Out and LSE, so the host program runs the cos/sin
+    table launches (read by both forward kernels) once per shape class."""
+    text, pipe = ELIGIBLE["llama3"]
+    [kernel] = ops_of(lower(text, pipe), th.KernelOp)
+    assert kernel.writes is not None and [w.data for w in kernel.writes.data] == ["o_desc", "LSE"]
+    fn = attnfuse.compile(text, pipeline=pipe)
+    q = torch.randn(1, 32, 128, 128, dtype=torch.bfloat16)
+    k, v = torch.randn(1, 8, 128, 128, dtype=torch.bfloat16), torch.randn(1, 8, 128, 128, dtype=torch.bfloat16)
+    fn(q, k, v)
+    cached = sorted(op.kernel.root_reference.data for op in fn._host.cached_launches)
+    assert cached == ["llama3_rope_table0", "llama3_rope_table1"], cached
+
+
+def test_kernel_writes_round_trips_and_is_checked() -> None:
+    """`writes` prints, parses back, and must name the kernel's arguments."""
+    text, pipe = ELIGIBLE["bottom_right"]
+    printed = str(lower(text, pipe))
+    assert 'writes = ["o_desc", "LSE"]' in printed
+    module, _ = parse_module_with_locations(make_context(), printed, "<printed>")
+    [kernel] = ops_of(module, th.KernelOp)
+    assert [w.data for w in kernel.writes.data] == ["o_desc", "LSE"]
+    bad = th.KernelOp("k", [f32], num_warps=4, maxnreg=168, launch={}, callees=[],
+                      template="def __kernel__():\n    pass\n", writes=["nope"])
+    bad.args[0].name_hint = "x"
+    with pytest.raises(VerifyException, match="writes 'nope', which is not an argument"):
+        bad.verify()
 
 
 def test_cpu_calls_run_the_triton_kernel() -> None:

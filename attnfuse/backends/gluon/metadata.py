@@ -15,7 +15,8 @@ def gluon_arg_names(kernel: th.KernelOp) -> list[str]:
 def gluon_kernel_metadata(kernel: th.KernelOp) -> KernelMetadata:
     """Metadata of a Gluon kernel. Descriptor arguments have signature
     `tensordesc<bf16[128, 128]>` (the JIT derives the full type from the descriptor)
-    and are listed in `tma`; integer scalars that are not strides are not specialized."""
+    and are listed in `tma`; integer scalars that are not strides are not specialized;
+    `writes` is the kernel's own list (None: any tensor argument may be written)."""
     names = gluon_arg_names(kernel)
     signature: dict[str, str] = {}
     tma: dict[str, tuple[int, ...]] = {}
@@ -30,7 +31,8 @@ def gluon_kernel_metadata(kernel: th.KernelOp) -> KernelMetadata:
     return KernelMetadata(
         name=kernel.sym_name.data, arg_names=tuple(names), signature=signature,
         num_warps=kernel.num_warps.value.data, num_stages=1, launch=attr_to_python(kernel.launch),
-        do_not_specialize=scalars, writes=None, maxnreg=kernel.maxnreg.value.data, tma=tma,
+        do_not_specialize=scalars, maxnreg=kernel.maxnreg.value.data, tma=tma,
+        writes=None if kernel.writes is None else tuple(w.data for w in kernel.writes.data),
     )
 
 
