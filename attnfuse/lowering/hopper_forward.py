@@ -52,8 +52,12 @@ transforms K, `TRANSFORMING_REGS`."""
 TRANSFORMING_REGS = (232, 40)
 """(each consumer, the producer) registers when the producer warpgroup transforms K:
 2 x 232 + 40 = 504 = 3 x 168."""
+PRODUCER_WARPS = 4
+"""Warps of the producer partition when it transforms K."""
 K_VEC = 4
-"""Elements per thread and row of a K chunk the transforming producer loads."""
+"""Elements per thread and row of a K chunk the transforming producer loads (8 for a
+128-wide part, so that a chunk still has 8 rows: a shared-memory slice must not split
+the 128-byte swizzle pattern)."""
 HEAD_DIMS = (64, 128)
 
 logger = logging.getLogger(__name__)
@@ -222,7 +226,7 @@ class HopperForward(DeviceFunctions):
             rot_b = b.add(b.mul(bb, cos), b.mul(a, sin), name="rot_b")
             return self._finish(op, b, rot_a, rot_b)
         parts = {p.role: b.cast(t, f32) for p, t in zip(self.k_layout, op.args)}
-        rows, batch = op.args[-2 - len(self._decls())], op.args[-1 - len(self._decls())]
+        rows, batch = op.args[len(leading) - 2], op.args[len(leading) - 1]
         parts = self.k_side.apply(b, parts, self.k_layout, rows, batch, None, cos_sin)
         return self._finish(op, b, *(b.cast(parts[p.role], self.dtype, name=f"k_{p.role}") for p in self.k_layout))
 
@@ -247,38 +251,37 @@ class HopperForward(DeviceFunctions):
                             producer_extra="", k_raw_init="", producer_warps=1,
                             consumer_regs=240, producer_regs=24)
         width = min(p.width for p in self.k_layout)
-        tpw_col = min(width // K_VEC, 32)
-        tpw_row = 32 // tpw_col
-        chunk = tpw_row * 4
+        tpw_col = min(width // K_VEC, 16)
+        vec, tpw_row = width // tpw_col, 32 // tpw_col
+        chunk = tpw_row * PRODUCER_WARPS
         functions = [self._k_function(chunk)]
         names = [f"k_{p.role}" for p in self.k_layout]
         pad = " " * 16
-        lines = [f"{pad}{n} = chunk.slice({p.start}, {p.width}, dim=1).load(k_layout)"
-                 for n, p in zip(names, self.k_layout)]
-        rotation = ""
-        setup = ""
+        rotation = setup = ""
+        step: list[str] = []
         if self.k_rope is not None:
             functions.append(self._k_angles_function(chunk))
             angles = functions[-1].sym_name.data
-            offset = self.k_rope.int_option("offset")
-            last_chunk = f"kv_lo + n_tiles * BN - CH + {offset} + chunk_rows"
-            setup = "\n".join([
-                f"    step_cos, step_sin = {angles}(chunk_rows * 0 - CH, {args})",
-                f"    cos, sin = {angles}({last_chunk}, {args})"])
+            last_chunk = f"kv_lo + n_tiles * BN - CH + {self.k_rope.int_option('offset')} + chunk_rows"
+            setup = (f"    step_cos, step_sin = {angles}(chunk_rows * 0 - CH, {args})\n"
+                     f"    cos, sin = {angles}({last_chunk}, {args})")
             rotation = "cos, sin, "
-            lines.append(f"{pad}cos, sin = cos * step_cos - sin * step_sin, sin * step_cos + cos * step_sin")
-        call = f"{', '.join(names)} = {functions[0].sym_name.data}({', '.join(names)}, {rotation}rows, batch, {args})"
-        lines.insert(len(names), pad + call)
-        lines[len(names) + 1:len(names) + 1] = [
-            f"{pad}chunk.slice({p.start}, {p.width}, dim=1).store({n})" for n, p in zip(names, self.k_layout)]
+            step = [f"{pad}cos, sin = cos * step_cos - sin * step_sin, sin * step_cos + cos * step_sin"]
+        lines = [f"{pad}{n} = chunk.slice({p.start}, {p.width}, dim=1).load(k_layout)"
+                 for n, p in zip(names, self.k_layout)]
+        lines.append(f"{pad}{', '.join(names)} = {functions[0].sym_name.data}({', '.join(names)}, {rotation}rows, "
+                     f"batch, {args})")
+        lines += [f"{pad}chunk.slice({p.start}, {p.width}, dim=1).store({n})" for n, p in zip(names, self.k_layout)]
+        lines += step
         text = TRANSFORMING_PRODUCER.substitute(
-            common, range_fn=f"{self.name}_range", k_vec=K_VEC, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
+            common, range_fn=f"{self.name}_range", k_vec=vec, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
             k_setup=setup, k_transform="\n".join(lines))
         consumer_regs, producer_regs = TRANSFORMING_REGS
         init = (f"    k_raw = gl.allocate_shared_memory(gl.int64, [{STAGES}, 1], mbarrier.MBarrierLayout())\n"
                 f"    for i in gl.static_range({STAGES}):\n        mbarrier.init(k_raw.index(i), count=1)")
-        return functions, dict(producer=text, producer_extra="k_raw, ", k_raw_init=init, producer_warps=4,
-                          consumer_regs=consumer_regs, producer_regs=producer_regs)
+        return functions, dict(producer=text, producer_extra="k_raw, ", k_raw_init=init,
+                               producer_warps=PRODUCER_WARPS, consumer_regs=consumer_regs,
+                               producer_regs=producer_regs)
 
     def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scale: bool) -> FuncOp:
         """`chain` (with its planned masks unless `full_tile`) on an S tile, after the

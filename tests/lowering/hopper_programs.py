@@ -93,6 +93,13 @@ def _d64(name: str = "d64") -> str:
     return b.build().text
 
 
+def _qk_norm_only() -> str:
+    """QK-norm with a weight and no RoPE, head dim 128 (K as one 128-wide part)."""
+    b = Builder("qk_norm_fused", hq=8, hkv=2, d=128, dtype="bf16")
+    b.qk_norm(eps=1e-6, weight="bf16").mask("causal")
+    return b.build().text
+
+
 def _score_mod() -> str:
     """A score_mod region (scaled scores plus a distance term) and an f16 causal mask."""
     b = Builder("score_mod", hq=8, hkv=8, d=128, dtype="f16")
@@ -143,6 +150,7 @@ ELIGIBLE: dict[str, tuple[str, str]] = {
     "llama3_fused": (_example("llama3", "llama3_fused"), pipeline("fused")),
     "qwen3_fused": (_example("qwen3", "qwen3_fused"), pipeline("fused")),
     "d64_fused": (_d64("d64_fused"), pipeline("fused")),
+    "qk_norm_fused": (_qk_norm_only(), pipeline("fused")),
 }
 
 def _k_positions() -> str:
