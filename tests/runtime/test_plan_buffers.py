@@ -15,7 +15,7 @@ from attnfuse import examples, reference
 from attnfuse.runtime import host
 from attnfuse.runtime.plan import LaunchPlan, Scratch
 from attnfuse.testing import assert_close
-from tiny import TINY
+from tiny import TINY, run_in_threads
 
 ROPE = """
 func.func @rope_scratch(%q: tensor<?x2x?x32xf32>, %k: tensor<?x2x?x32xf32>, %v: tensor<?x2x?x32xf32>) -> tensor<?x2x?x32xf32> {
@@ -97,27 +97,19 @@ def test_buffers_that_never_leave_a_call_are_reused() -> None:
 
 def test_threads_share_a_plan_with_scratch_buffers() -> None:
     """Calls that use the plan's buffers run one at a time: four threads, one shape class."""
-    fn = attnfuse.compile(ROPE.replace("@rope_scratch", "@rope_threads"))
     text = ROPE.replace("@rope_scratch", "@rope_threads")
+    fn = attnfuse.compile(text)
     fn(*_inputs(24, 24))
     barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         args = _inputs(24, 24, seed)
         expected = reference.run(text, *args)
         barrier.wait()
-        try:
-            for _ in range(3):
-                assert_close(fn(*args), expected)
-        except BaseException as e:  # reported below
-            errors.append(e)
+        for _ in range(3):
+            assert_close(fn(*args), expected)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 4)
     assert not errors, errors
 
 

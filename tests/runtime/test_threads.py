@@ -16,13 +16,12 @@ import torch
 import attnfuse
 from attnfuse import reference
 from attnfuse.testing import assert_close
-from tiny import TINY
+from tiny import TINY, run_in_threads
 
 
 def test_four_threads_at_once() -> None:
     fn = attnfuse.compile(TINY)
     barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
     done: list[int] = []
 
     def work(i: int) -> None:
@@ -30,17 +29,10 @@ def test_four_threads_at_once() -> None:
         q, k, v = (torch.randn(1, 2, 70 + i % 2, 32, generator=g) for _ in range(3))
         expected = reference.run(TINY, q, k, v)
         barrier.wait()
-        try:
-            for _ in range(2):
-                assert_close(fn(q, k, v), expected)
-            done.append(i)
-        except BaseException as e:  # reported below, with every thread's failure
-            errors.append(e)
+        for _ in range(2):
+            assert_close(fn(q, k, v), expected)
+        done.append(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 4)
     assert not errors, errors
     assert sorted(done) == [0, 1, 2, 3]
