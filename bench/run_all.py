@@ -130,6 +130,8 @@ FORWARD_VARIANTS: dict[str, str] = {
     "ablation:fused_no_rope_table": pipeline("fused", lower="rope-table=false"),
     "ablation:fused_128x128x8x2": pipeline("fused", "128x128x8x2"),
     "ablation:hybrid_no_hopper_forward": pipeline("hybrid", lower="hopper-forward=false"),
+    "ablation:hybrid_no_hopper_persistent": pipeline("hybrid", lower="hopper-persistent=false"),
+    "ablation:fused_no_hopper_persistent": pipeline("fused", lower="hopper-persistent=false"),
 }
 """Forward rows: each strategy with the default tiles, the tiles of the previous default
 (128x64, 8 warps, 3 stages), and ablations (one optimisation off each)."""

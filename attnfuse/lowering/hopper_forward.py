@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 
+from xdsl.dialects import arith
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from attnfuse.dialects.host import TmaReadyOp
+from attnfuse.dialects.host import SmCountOp, TmaReadyOp
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, ScoreModOp, SoftcapOp
-from attnfuse.dialects.tile_builder import Value
+from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.analysis.rope import RopeParams, yarn_attention_factor
 from attnfuse.lowering.forward import LOG2E, ForwardSpec
@@ -148,12 +149,45 @@ class HopperForward(DeviceFunctions):
         self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
+        self.batch_arg = sig.scalar("B", spec.batch)
 
     def host_operands(self) -> list[SSAValue]:
         """Operands of the kernel's `host.launch`: K, V, Out (descriptors), then the rest."""
         return [self.spec.k, self.spec.v, self.spec.out, *self.sig.host_operands()]
 
     # ------------------------------------------------------------------ device functions
+
+    def _items(self, b: TileBuilder) -> tuple[SSAValue, SSAValue]:
+        """(batch x head count, work items): one item per 128 query rows of a (batch, head)."""
+        assert self.batch_arg.value is not None and self.q_len_arg.value is not None
+        bh = b.mul(self.batch_arg.value, self.hq, name="bh_count")
+        return bh, b.mul(bh, b.cdiv(self.q_len_arg.value, BLOCK_M), name="items")
+
+    def _steps_function(self) -> FuncOp:
+        """Steps of a CTA's item loop: the items divided among `ctas` CTAs, rounded up."""
+        op, b = self._function("steps", [("ctas", i32)])
+        return self._finish(op, b, b.cdiv(self._items(b)[1], op.args[0], name="steps"))
+
+    def _work_function(self) -> FuncOp:
+        """(batch, head, q block, valid) of a CTA's `step`-th item. Items are numbered
+        longest causal walk first (the last q block of every (batch, head), then the one
+        before, ...) and cut into rounds of `ctas`; even steps take the rounds from the
+        front, odd steps from the back in reverse CTA order, so a CTA's long items pair
+        with short ones and every CTA's walks add up to about the same (within two tiles
+        of the mean for the Llama-3 shapes; `test_persistent_items_cover_every_block_once`).
+        `valid` is false past the last item."""
+        op, b = self._function("work", [("step", i32), ("cta", i32), ("ctas", i32)])
+        step, cta, ctas = op.args[:3]
+        bh_count, items = self._items(b)
+        odd = b.eq(b.rem(step, 2), 1, name="odd")
+        half = b.div(step, 2)
+        back = b.sub(b.sub(b.cdiv(items, ctas), 1), half)
+        rank = b.where(odd, b.sub(b.sub(ctas, 1), cta), cta, name="rank")
+        index = b.add(b.mul(b.where(odd, back, half), ctas), rank, name="item")
+        bh = b.rem(index, bh_count, name="bh")
+        m = b.sub(b.sub(b.cdiv(self.q_len_arg.value, BLOCK_M), 1), b.div(index, bh_count), name="m")  # type: ignore[arg-type]
+        return self._finish(op, b, b.div(bh, self.hq, name="batch"), b.rem(bh, self.hq, name="head"), m,
+                            b.lt(index, items, name="valid"))
 
     def _range_function(self) -> FuncOp:
         op, b = self._function("range", [("q_start", i32), ("batch", i32), ("head", i32)])
@@ -245,7 +279,8 @@ class HopperForward(DeviceFunctions):
     def _producer(self, args: str) -> tuple[list[FuncOp], dict[str, object]]:
         """The producer partition: its device functions and template substitutions."""
         common = dict(k=self.name, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
-                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name)
+                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name,
+                      steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work")
         if not self.spec.k_transforms:
             return [], dict(producer=PRODUCER.substitute(common, range_fn=f"{self.name}_range"),
                             producer_extra="", k_raw_init="", producer_warps=1,
@@ -347,12 +382,14 @@ class HopperForward(DeviceFunctions):
             q_lines.append(f"    {target}.store(gl.convert_layout({var}, q_layout))")
         producer_functions, producer = self._producer(args)
         functions += producer_functions
+        functions += [self._steps_function(), self._work_function()]
         lse = self.lse_arg.name
         text = TEMPLATE.substitute(
             producer,
             k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
             group_v=self.hq // self.hv, stages=STAGES, qk_scale=repr(self.qk_scale), args=args,
             range_fn=functions[0].sym_name.data, q_store="\n".join(q_lines),
+            steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work",
             score_step="\n".join(lines) or "    pass", q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name,
             lse=lse, lse_s0=f"{lse}_stride0", lse_s1=f"{lse}_stride1", lse_s2=f"{lse}_stride2",
         )
@@ -369,10 +406,12 @@ class HopperForward(DeviceFunctions):
         return [*functions, kernel]
 
 
-def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAValue) -> tuple[SSAValue, list[Operation]] | None:
+def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAValue, *,
+                         persistent: bool = True) -> tuple[SSAValue, list[Operation]] | None:
     """Build the Hopper kernel of `spec` and its guarded launch (`host.tma_ready` over
     Q, K, V, Out); returns (the guard, the ops), or None (with a debug log saying why)
-    when the schedule cannot serve the program."""
+    when the schedule cannot serve the program. `persistent`: a grid of at most one CTA
+    per SM, each taking its share of the items in turn; else one CTA per item."""
     reason = ineligible_reason(spec)
     if reason is not None:
         logger.debug("@%s: Hopper forward schedule not used: %s", name, reason)
@@ -380,8 +419,12 @@ def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAV
     hopper = HopperForward(spec, f"{name}_fwd_ws")
     ops = hopper.build()
     ok = host.emit(TmaReadyOp([spec.q, spec.k, spec.v, spec.out], arch=9, rows=BLOCK_M), "use_hopper")
-    grid = [host.mul(spec.batch, hopper.hq, "ws_grid_bh"), host.cdiv(spec.q_len, BLOCK_M, "ws_grid_m"), one]
-    host.launch(hopper.name, grid, hopper.host_operands(), when=ok)
+    items = host.emit(arith.MuliOp(host.mul(spec.batch, hopper.hq, "ws_bh"), host.cdiv(spec.q_len, BLOCK_M, "ws_m")),
+                      "ws_items")
+    if persistent:
+        # one CTA per SM: the kernel's shared memory (Q + the K/V ring) fills one
+        items = host.emit(arith.MinSIOp(items, host.emit(SmCountOp(), "sms")), "ws_ctas")
+    host.launch(hopper.name, [items, one, one], hopper.host_operands(), when=ok)
     return ok, ops
 
 

@@ -1,16 +1,19 @@
 """The Gluon template of the Hopper forward schedule (FA3: warp-specialized ping-pong).
 
 From `bench/prototypes/gluon_fa3_forward.py` (`fa3_fwd_ws_kernel`, measured 0.95-1.05x
-cuDNN on an H200), generalized: one CTA owns 128 query rows of one (batch, q head);
-a producer partition TMA-loads the K/V tiles of the CTA's KV walk into a
+cuDNN on an H200), generalized: a work item is 128 query rows of one (batch, q head);
+a CTA takes the items `$work_fn` gives it, `$steps_fn` steps (one item per CTA when the
+grid has a CTA per item; several in turn when the grid is persistent, so that the K/V
+loads of the next item overlap the last tiles and the epilogue of the current one). A
+producer partition TMA-loads the K/V tiles of each item's KV walk into a
 `$stages`-deep shared-memory ring (one warp, or, when K has transforms in the kernel,
-a warpgroup that also transforms each K tile in place); two 4-warp consumer warpgroups (64 rows each) take
-turns issuing their async wgmmas (S = Q K^T, O += P V) so that one's softmax overlaps
+a warpgroup that also transforms each K tile in place); two 4-warp consumer
+warpgroups (64 rows each) take turns issuing their async wgmmas (S = Q K^T, O += P V) so that one's softmax overlaps
 the other's tensor-core work. The walk goes from the last KV tile of the band down to
 the first (the diagonal, masked tile first for causal bands).
 
 What is problem-specific comes from tile IR device functions (`tile_hopper.func`):
-`$range_fn` (the KV walk of the CTA: first tile start, tile count, and the range
+`$range_fn` (the KV walk of an item: first tile start, tile count, and the range
 [full_lo, full_hi) of tiles that need no mask), `$q_fn` (loads and transforms the
 consumer's Q rows, returning column parts) and the score functions (`$score_masked`,
 `$score_full`: the score chain on the raw S tile, in the units `$qk_scale` turns into
@@ -23,13 +26,6 @@ from __future__ import annotations
 from string import Template
 
 TEMPLATE = Template('''\
-@gluon.jit
-def ${k}_coords():
-    pid_bh = gl.program_id(0)
-    m = gl.num_programs(1) - 1 - gl.program_id(1)
-    return pid_bh, pid_bh // $hq, pid_bh % $hq, m
-
-
 $producer
 
 @gluon.jit
@@ -45,10 +41,13 @@ $score_step
 
 
 @gluon.jit
-def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
+def ${k}_attend(o_desc, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kt, batch, head, m, $args,
+                WG: gl.constexpr):
+    """One work item of a consumer warpgroup: its 64 Q rows of q block `m` of (batch,
+    head) against the item's KV walk; `kt` counts the K/V tiles this warpgroup consumed
+    before (ring slots, barrier phases and turns continue from it). Returns the count after."""
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
-    D: gl.constexpr = k_smem.shape[2]
     DV: gl.constexpr = v_smem.shape[2]
     dtype: gl.constexpr = o_desc.dtype
     NW: gl.constexpr = gl.num_warps()
@@ -61,10 +60,8 @@ def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     OTHER: gl.constexpr = 1 - WG
 
-    pid_bh, batch, head, m = ${k}_coords()
     kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
     q_start = m * 128 + WG * ROWS
-    q = q_smem.index(WG)
     # prologue: this warpgroup's Q rows, loaded and transformed in registers, into shared memory
     q_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
 $q_store
@@ -76,25 +73,27 @@ $q_store
     l_i = gl.zeros([ROWS], gl.float32, row_layout)
     o = gl.zeros([ROWS, DV], gl.float32, o_layout)
     if n_tiles > 0:
-        # turn k of WG 0 waits for parity (k & 1) ^ 1 (its first turn passes on the fresh
-        # barrier), turn k of WG 1 for parity k & 1 (granted by WG 0's k-th arrive).
-        mbarrier.wait(turn.index(WG), 1 - WG)
-        mbarrier.wait(k_ready.index(0), 0)
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # turn t of WG 0 waits for parity (t & 1) ^ 1 (its first turn passes on the fresh
+        # barrier), turn t of WG 1 for parity t & 1 (granted by WG 0's t-th arrive).
+        st = kt % $stages
+        mbarrier.wait(turn.index(WG), (kt & 1) ^ OTHER)
+        mbarrier.wait(k_ready.index(st), (kt // $stages) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         mbarrier.arrive(turn.index(OTHER))
         s = warpgroup_mma_wait(0, deps=[s_tok])
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(st))
         start = kv_lo + (n_tiles - 1) * BN
         p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
         for j in range(1, n_tiles):
-            st = j % $stages
-            prev = (j - 1) % $stages
-            mbarrier.wait(turn.index(WG), (j & 1) ^ OTHER)
-            mbarrier.wait(k_ready.index(st), (j // $stages) & 1)
+            t = kt + j
+            st = t % $stages
+            prev = (t - 1) % $stages
+            mbarrier.wait(turn.index(WG), (t & 1) ^ OTHER)
+            mbarrier.wait(k_ready.index(st), (t // $stages) & 1)
             s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // $stages) & 1)
+            mbarrier.wait(v_ready.index(prev), ((t - 1) // $stages) & 1)
             o_tok = warpgroup_mma(p16, v_smem.index(prev), o, is_async=True)
             mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(1, deps=[s_tok])
@@ -107,25 +106,41 @@ $q_store
             p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
             mbarrier.arrive(v_empty.index(prev))
-        last = (n_tiles - 1) % $stages
+        t = kt + n_tiles - 1
+        last = t % $stages
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // $stages) & 1)
+        mbarrier.wait(v_ready.index(last), (t // $stages) & 1)
         o_tok = warpgroup_mma(p16, v_smem.index(last), o, is_async=True)
         o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
         mbarrier.arrive(v_empty.index(last))
 
     # epilogue: O / l into this warpgroup's (dead) Q tile, TMA store; natural-log LSE.
-    # A row that sees no key gets O = 0 and lse = -inf.
+    # A row that sees no key gets O = 0 and lse = -inf. The store completes before the
+    # next item's Q rows overwrite the tile.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
     q.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [pid_bh * $q_len + q_start, 0], q)
+    tma.async_copy_shared_to_global(o_desc, [(batch * $hq + head) * $q_len + q_start, 0], q)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     lse_base = batch.to(gl.int64) * $lse_s0 + head.to(gl.int64) * $lse_s1
     gl.store($lse + lse_base + rows * $lse_s2, lse)
     tma.store_wait(pendings=0)
+    return kt + n_tiles
+
+
+@gluon.jit
+def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
+    """A consumer warpgroup: the CTA's work items in turn (`$work_fn`)."""
+    cta = gl.program_id(0)
+    ctas = gl.num_programs(0)
+    kt = 0
+    for step in range($steps_fn(ctas, $args)):
+        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
+        if valid:
+            kt = ${k}_attend(o_desc, q_smem.index(WG), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+                             kt, batch, head, m, $args, WG)
 
 
 def __kernel__():
@@ -160,7 +175,7 @@ $k_raw_init
     ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
 """Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
-args, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
+args, steps_fn, work_fn, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
 text of `PRODUCER` or `TRANSFORMING_PRODUCER`), `producer_extra` (its arguments before
 `args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
 `producer_regs`."""
@@ -168,15 +183,16 @@ text of `PRODUCER` or `TRANSFORMING_PRODUCER`), `producer_extra` (its arguments 
 
 PRODUCER = Template('''\
 @gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $args):
+def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kt, batch, head, m, $args):
+    """The TMA loads of one work item's K/V tiles into the ring, from ring position `kt`."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    pid_bh, batch, head, m = ${k}_coords()
     kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
     k_row = (batch * $hk + head // $group_k) * $kv_len
     v_row = (batch * $hv + head // $group_v) * $kv_len
     for j in range(n_tiles):
-        st = j % $stages
-        ph = (j // $stages) & 1
+        t = kt + j
+        st = t % $stages
+        ph = (t // $stages) & 1
         start = kv_lo + (n_tiles - 1 - j) * BN
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(k_empty.index(st), ph ^ 1)
@@ -185,21 +201,34 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+    return kt + n_tiles
+
+
+@gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $args):
+    cta = gl.program_id(0)
+    ctas = gl.num_programs(0)
+    kt = 0
+    for step in range($steps_fn(ctas, $args)):
+        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
+        if valid:
+            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kt, batch, head, m,
+                           $args)
 ''')
 """The 1-warp producer: TMA loads of each K/V tile into the ring."""
 
 TRANSFORMING_PRODUCER = Template('''\
 @gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, $args):
-    """TMA loads of each K tile as soon as its slot is free (the consumers free K once
-    S = Q K^T is done); one tile behind, the K tile's transforms in place (chunks of
-    rows through registers, a proxy fence, a barrier of this warpgroup, the arrive
-    that hands the tile to the consumers), then that tile's V load."""
+def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, kt, batch, head, m, $args):
+    """TMA loads of each K tile of one work item as soon as its slot is free (the
+    consumers free K once S = Q K^T is done); one tile behind, the K tile's transforms
+    in place (chunks of rows through registers, a proxy fence, a barrier of this
+    warpgroup, the arrive that hands the tile to the consumers), then that tile's V
+    load. Ring positions continue from `kt`; returns the position after the item."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     NW: gl.constexpr = gl.num_warps()
     k_layout: gl.constexpr = gl.BlockedLayout([1, $k_vec], [$k_tpw_row, $k_tpw_col], [NW, 1], [1, 0])
     CH: gl.constexpr = $k_tpw_row * NW
-    pid_bh, batch, head, m = ${k}_coords()
     kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
     k_row = (batch * $hk + head // $group_k) * $kv_len
     v_row = (batch * $hv + head // $group_v) * $kv_len
@@ -207,14 +236,16 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
 $k_setup
     for j in range(n_tiles + 1):
         if j < n_tiles:
-            st = j % $stages
+            t = kt + j
+            st = t % $stages
             start = kv_lo + (n_tiles - 1 - j) * BN
-            mbarrier.wait(k_empty.index(st), ((j // $stages) & 1) ^ 1)
+            mbarrier.wait(k_empty.index(st), ((t // $stages) & 1) ^ 1)
             mbarrier.expect(k_raw.index(st), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_raw.index(st), k_smem.index(st))
         if j > 0:
-            st = (j - 1) % $stages
-            ph = ((j - 1) // $stages) & 1
+            t = kt + j - 1
+            st = t % $stages
+            ph = (t // $stages) & 1
             start = kv_lo + (n_tiles - j) * BN
             mbarrier.wait(k_raw.index(st), ph)
             tile = k_smem.index(st)
@@ -229,11 +260,24 @@ $k_transform
             mbarrier.wait(v_empty.index(st), ph ^ 1)
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+    return kt + n_tiles
+
+
+@gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, $args):
+    cta = gl.program_id(0)
+    ctas = gl.num_programs(0)
+    kt = 0
+    for step in range($steps_fn(ctas, $args)):
+        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
+        if valid:
+            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, kt, batch,
+                           head, m, $args)
 ''')
 """The 4-warp producer of `rope-fusion` fused: K reaches the consumers transformed.
 `k_transform` loads each column part of `chunk` (`k_vec` x `k_tpw_row` x `k_tpw_col`
 blocked layout), calls the K device function and stores the parts back. Chunks go from
 the tile's last to its first, as tiles do, so the rows a thread visits descend by `CH`
-all along the walk: with a rope, `k_setup` evaluates cos and sin once per CTA (at the
-first tile's last chunk, and the rotation by -`CH` rows) and `k_transform` steps them
+all along the walk: with a rope, `k_setup` evaluates cos and sin once per work item (at
+the first tile's last chunk, and the rotation by -`CH` rows) and `k_transform` steps them
 after each chunk (fp32 rotations, no transcendental per tile)."""

@@ -139,6 +139,11 @@ class LowerToTilePass(ModulePass):
     """Also build the warp-specialized Gluon forward (`lowering/hopper_forward.py`) for
     programs it serves; calls on compute capability 9.x devices whose shape class it
     serves run it, the others the Triton kernel. False is the ablation."""
+    hopper_persistent: bool = True
+    """The Hopper forward's grid has at most one CTA per SM, each taking its share of the
+    work items (128 query rows of a (batch, head)) in turn, longest walk first, so that
+    the next item's K/V loads overlap the current one's tail; false launches one CTA per
+    item (the ablation)."""
     out_layout: str = "bhsd"
     """Memory layout of the output `[B, H, S, D]`: `bhsd` (contiguous) or `bshd` (stored
     as `[B, S, H, D]`, so `out.transpose(1, 2)` is contiguous: what Hugging Face models
@@ -251,7 +256,7 @@ class LowerToTilePass(ModulePass):
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
             alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged,
         )
-        hopper = lower_hopper_forward(spec, host, fname, one) if self.hopper_forward else None
+        hopper = lower_hopper_forward(spec, host, fname, one, persistent=self.hopper_persistent) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")
         kernels.append(forward.build())
         if hopper is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 import logging
+from typing import Any, Callable
 
 
 
@@ -84,7 +85,7 @@ def test_planned_masks_run_on_masked_tiles_only() -> None:
     module = lower(*ELIGIBLE["gemma2_like"])
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
     assert names == ["gemma2_like_fwd_ws_range", "gemma2_like_fwd_ws_q", "gemma2_like_fwd_ws_score",
-                     "gemma2_like_fwd_ws_score_masks"]
+                     "gemma2_like_fwd_ws_score_masks", "gemma2_like_fwd_ws_steps", "gemma2_like_fwd_ws_work"]
     (kernel,) = ops_of(module, th.KernelOp)
     assert "    s = gemma2_like_fwd_ws_score(s, rows" in kernel.template.data
     assert "    if (start < full_lo) | (start >= full_hi):\n        s = gemma2_like_fwd_ws_score_masks(" in kernel.template.data
@@ -96,15 +97,16 @@ def test_planned_mask_inside_the_chain_gives_two_versions() -> None:
     b.mask("causal").alibi()
     module = lower(b.build().text, pipeline("fused"))
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
-    assert names[2:] == ["mask_first_fwd_ws_score_masked", "mask_first_fwd_ws_score_full"]
+    assert names[2:4] == ["mask_first_fwd_ws_score_masked", "mask_first_fwd_ws_score_full"]
     (kernel,) = ops_of(module, th.KernelOp)
     assert "    else:\n        s = mask_first_fwd_ws_score_full(" in kernel.template.data
 
 
 def test_gluon_kernels_compile_for_sm90() -> None:
     """Every eligible program's kernel, in a fresh process (one that interprets kernels
-    cannot compile them): no spill reloads, shared memory under the sm_90 limit, async wgmma,
-    TMA loads and stores, and setmaxnreg budgets for the partitions."""
+    cannot compile them): no spill reloads in the tensor-core loop, shared memory under
+    the sm_90 limit, async wgmma, TMA loads and stores, and setmaxnreg budgets for the
+    partitions."""
     resources = sm90_resources([program for _, program in sorted(ELIGIBLE.items())], timeout=900)
     assert sorted(resources) == sorted(f"{name}_fwd_ws" for name in ELIGIBLE)
     for name, r in resources.items():
@@ -117,10 +119,13 @@ def test_gluon_kernels_compile_for_sm90() -> None:
             # rotation; measured harmless on an H200 for the consumers) and libdevice's
             # sin/cos reduction of large angles uses a local array (the local loads)
             assert {40, 232} <= set(r["setmaxnreg"]), (name, r)
-            assert r["spill_bytes"] <= 96, (name, r)
+            assert r["spill_bytes"] <= 192, (name, r)
         else:
-            # no spilled value is read back (at most one 4-byte store at a partition's start)
-            assert r["local_loads"] == 0 and r["spill_bytes"] <= 4, (name, r)
+            # the item loop's scalars (step, ring position, ...) may be spilled across
+            # setmaxnreg and reloaded once per item: in the prologue and epilogue, and in
+            # gemma2_like one reload where ptxas placed the next item's accumulator
+            # zeroing between two wgmma blocks (SASS read in session 20)
+            assert r["mma_local_loads"] <= 2 and r["spill_bytes"] <= 96, (name, r)
             assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 
@@ -268,13 +273,14 @@ def test_kv_walk_covers_the_band(name: str) -> None:
     scope: dict = {"gl": _ScalarGluon}
     exec(emit_function(function).replace("@gluon.jit\n", ""), scope)  # noqa: S102 - our own emitted source
     walk = scope[function.sym_name.data]
-    n_args = len(function.args) - 5  # q_start, batch, head, ..., Sq, Skv
+    names = [a.name_hint for a in function.args]
     for q_len, kv_len in ((128, 128), (512, 512), (256, 1024), (1024, 256), (640, 384)):
         q = torch.arange(q_len)[:, None]
         kv = torch.arange(kv_len)[None, :]
         keep = _keep(name, q, kv, q_len, kv_len)
         for m in range(q_len // 128):
-            lo, n, full_lo, full_hi = walk(m * 128, 0, 0, *[None] * n_args, q_len, kv_len)
+            lo, n, full_lo, full_hi = walk(m * 128, 0, 0, **{
+                **dict.fromkeys(names[3:]), "Sq": q_len, "Skv": kv_len, "B": 1})
             rows = keep[m * 128:(m + 1) * 128]
             kept = rows.any(dim=0).nonzero().flatten()
             if len(kept):
@@ -282,3 +288,41 @@ def test_kv_walk_covers_the_band(name: str) -> None:
             assert lo % 128 == 0 and (n == 0 or lo + n * 128 <= kv_len) and full_lo <= full_hi
             for start in range(full_lo, full_hi, 128):
                 assert lo <= start < lo + n * 128 and bool(rows[:, start:start + 128].all()), (q_len, kv_len, m, start)
+
+
+def _scalar_function(module: ModuleOp, suffix: str) -> tuple[Callable[..., Any], list[str]]:
+    """The device function `*_<suffix>` of `module`, emitted and run as Python, and its
+    argument names."""
+    (function,) = [f for f in ops_of(module, th.FuncOp) if f.sym_name.data.endswith(f"_{suffix}")]
+    scope: dict = {"gl": _ScalarGluon}
+    exec(emit_function(function).replace("@gluon.jit\n", ""), scope)  # noqa: S102 - our own emitted source
+    return scope[function.sym_name.data], [a.name_hint or "" for a in function.args]
+
+
+@pytest.mark.parametrize("batch, q_len, ctas", [(8, 2048, 132), (4, 4096, 132), (2, 8192, 132), (1, 16384, 132),
+                                                (16, 1024, 132), (3, 384, 132), (2, 1024, 5), (1, 128, 132),
+                                                (4, 8192, 64)])
+def test_persistent_items_cover_every_block_once(batch: int, q_len: int, ctas: int) -> None:
+    """The steps and work device functions, run as Python: the CTAs of a persistent grid
+    (`ctas` of them; a grid of one CTA per item when there are fewer items) take every
+    (batch, head, q block) exactly once, and with a causal walk (q block m visits m + 1
+    tiles) no CTA's total is more than two tiles above the mean."""
+    module = lower(*ELIGIBLE["llama3"])
+    steps_fn, steps_names = _scalar_function(module, "steps")
+    work_fn, work_names = _scalar_function(module, "work")
+    hq, n_m = 32, q_len // 128
+    ctas = min(ctas, batch * hq * n_m)
+    scalars = {"Sq": q_len, "Skv": q_len, "B": batch}
+    seen: list[tuple[int, int, int]] = []
+    totals = []
+    for cta in range(ctas):
+        total = 0
+        for step in range(steps_fn(ctas, **{n: scalars.get(n) for n in steps_names[1:]})):
+            b, h, m, valid = work_fn(step, cta, ctas, **{n: scalars.get(n) for n in work_names[3:]})
+            if valid:
+                assert 0 <= b < batch and 0 <= h < hq and 0 <= m < n_m, (b, h, m)
+                seen.append((b, h, m))
+                total += m + 1
+        totals.append(total)
+    assert sorted(seen) == [(b, h, m) for b in range(batch) for h in range(hq) for m in range(n_m)]
+    assert max(totals) <= sum(totals) / ctas + 2, (max(totals), sum(totals) / ctas)

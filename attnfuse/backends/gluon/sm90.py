@@ -78,10 +78,23 @@ def _last_strides(meta: KernelMetadata) -> set[str]:
     return out
 
 
+def _mma_local_loads(sass: str) -> int:
+    lines = sass.splitlines()
+    starts = [0] + [i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line] + [len(lines)]
+    count = 0
+    for a, b in zip(starts, starts[1:]):
+        mma = [i for i in range(a, b) if "HGMMA" in lines[i]]
+        if mma:
+            count += sum(1 for i in range(mma[0], mma[-1]) if re.search(r"\bLDL\b", lines[i]))
+    return count
+
+
 def gluon_resources(compiled: Any) -> dict[str, Any]:
     """Registers, spills, shared memory and the Hopper instructions of a compiled kernel.
-    `local_loads` counts the SASS loads from local memory: a spill that is never read
-    back (ptxas sometimes stores a partition's thread id once) costs one store."""
+    `local_loads` counts the SASS loads from local memory (a spill that is never read
+    back costs one store); `mma_local_loads` those between the first and the last wgmma
+    of a partition (partitions start at a `setmaxnreg` increase): reloads inside the
+    tensor-core loop, unlike those of per-item scalars around it."""
     from triton.tools.disasm import get_sass
 
     ptx = compiled.asm["ptx"]
@@ -89,6 +102,7 @@ def gluon_resources(compiled: Any) -> dict[str, Any]:
     sass = get_sass(compiled.asm["cubin"])
     return {
         "local_loads": len(re.findall(r"\bLDL\b", sass)),
+        "mma_local_loads": _mma_local_loads(sass),
         "local_stores": len(re.findall(r"\bSTL\b", sass)),
         "kernel": compiled.metadata.name,
         "num_warps": compiled.metadata.num_warps,
