@@ -133,6 +133,10 @@ class HopperForward(DeviceFunctions):
         self.layout = partition(rope, self.head_dim)
         self.k_rope = next((t for t in spec.k_transforms if isinstance(t, RopeOp)), None)
         self.k_layout = partition(self.k_rope, self.head_dim)
+        # K transformed in the kernel as two 64-column parts (a half-style rope at D = 128):
+        # the K ring is two allocations of [BN, 64] tiles, so that Triton's shared-memory
+        # hazard analysis (per allocation) puts no barrier between the two parts' accesses
+        self.k_split = bool(spec.k_transforms) and [(p.start, p.width) for p in self.k_layout] == [(0, 64), (64, 64)]
 
         sig = KernelSignature()
         self.sig = sig
@@ -281,10 +285,12 @@ class HopperForward(DeviceFunctions):
         common = dict(k=self.name, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
                       group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name,
                       steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work")
+        split = self.k_split
+        plain_qk = "    return warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)"
         if not self.spec.k_transforms:
             return [], dict(producer=PRODUCER.substitute(common, range_fn=f"{self.name}_range"),
                             producer_extra="", k_raw_init="", producer_warps=1,
-                            consumer_regs=240, producer_regs=24)
+                            consumer_regs=240, producer_regs=24, qk_body=plain_qk, k2_alloc="    k2_smem = k_smem")
         width = min(p.width for p in self.k_layout)
         tpw_col = min(width // K_VEC, 16)
         vec, tpw_row = width // tpw_col, 32 // tpw_col
@@ -302,21 +308,33 @@ class HopperForward(DeviceFunctions):
                      f"    cos, sin = {angles}({last_chunk}, {args})")
             rotation = "cos, sin, "
             step = [f"{pad}cos, sin = cos * step_cos - sin * step_sin, sin * step_cos + cos * step_sin"]
-        lines = [f"{pad}{n} = chunk.slice({p.start}, {p.width}, dim=1).load(k_layout)"
-                 for n, p in zip(names, self.k_layout)]
+        # a split K tile: part i is the whole of chunk / chunk2 (two allocations)
+        views = (["chunk", "chunk2"] if split else
+                 [f"chunk.slice({p.start}, {p.width}, dim=1)" for p in self.k_layout])
+        lines = [f"{pad}{n} = {view}.load(k_layout)" for n, view in zip(names, views)]
         lines.append(f"{pad}{', '.join(names)} = {functions[0].sym_name.data}({', '.join(names)}, {rotation}rows, "
                      f"batch, {args})")
-        lines += [f"{pad}chunk.slice({p.start}, {p.width}, dim=1).store({n})" for n, p in zip(names, self.k_layout)]
+        lines += [f"{pad}{view}.store({n})" for n, view in zip(names, views)]
         lines += step
         text = TRANSFORMING_PRODUCER.substitute(
             common, range_fn=f"{self.name}_range", k_vec=vec, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
-            k_setup=setup, k_transform="\n".join(lines))
+            k_setup=setup, k_transform="\n".join(lines), k_parts=2 if split else 1,
+            k2_load=("            tma.async_copy_global_to_shared(k_desc, [k_row + start, k_desc.block_type.shape[1]], "
+                     "k_raw.index(st), k2_smem.index(st))\n") if split else "")
         consumer_regs, producer_regs = TRANSFORMING_REGS
         init = (f"    k_raw = gl.allocate_shared_memory(gl.int64, [{STAGES}, 1], mbarrier.MBarrierLayout())\n"
                 f"    for i in gl.static_range({STAGES}):\n        mbarrier.init(k_raw.index(i), count=1)")
-        return functions, dict(producer=text, producer_extra="k_raw, ", k_raw_init=init,
+        qk = plain_qk
+        k2_alloc = "    k2_smem = k_smem"
+        if split:
+            qk = ("    HALF: gl.constexpr = k_smem.shape[2]\n"
+                  "    tok = warpgroup_mma(q.slice(0, HALF, dim=1), k_smem.index(st).permute((1, 0)), zero_s, use_acc=False,\n"
+                  "                        is_async=True)\n"
+                  "    return warpgroup_mma(q.slice(HALF, HALF, dim=1), k2_smem.index(st).permute((1, 0)), tok, is_async=True)")
+            k2_alloc = f"    k2_smem = gl.allocate_shared_memory(dtype, [{STAGES}, BN, D], k_desc.layout)"
+        return functions, dict(producer=text, producer_extra="k_raw, k2_smem, ", k_raw_init=init,
                                producer_warps=PRODUCER_WARPS, consumer_regs=consumer_regs,
-                               producer_regs=producer_regs)
+                               producer_regs=producer_regs, qk_body=qk, k2_alloc=k2_alloc)
 
     def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scale: bool) -> FuncOp:
         """`chain` (with its planned masks unless `full_tile`) on an S tile, after the
@@ -395,7 +413,8 @@ class HopperForward(DeviceFunctions):
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
-            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d])), ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
+            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d // 2 if self.k_split else d])),
+            ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
             ("o_desc", TmaDescType(self.dtype, [ROWS, d]))]
         decls = descs + self._decls()
         kernel = KernelOp(

@@ -41,7 +41,13 @@ $score_step
 
 
 @gluon.jit
-def ${k}_attend(o_desc, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kt, batch, head, m, $args,
+def ${k}_qk(q, k_smem, k2_smem, st, zero_s):
+    """Issue S = Q K^T of ring slot `st` (async)."""
+$qk_body
+
+
+@gluon.jit
+def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kt, batch, head, m, $args,
                 WG: gl.constexpr):
     """One work item of a consumer warpgroup: its 64 Q rows of q block `m` of (batch,
     head) against the item's KV walk; `kt` counts the K/V tiles this warpgroup consumed
@@ -78,7 +84,7 @@ $q_store
         st = kt % $stages
         mbarrier.wait(turn.index(WG), (kt & 1) ^ OTHER)
         mbarrier.wait(k_ready.index(st), (kt // $stages) & 1)
-        s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = ${k}_qk(q, k_smem, k2_smem, st, zero_s)
         mbarrier.arrive(turn.index(OTHER))
         s = warpgroup_mma_wait(0, deps=[s_tok])
         mbarrier.arrive(k_empty.index(st))
@@ -90,7 +96,7 @@ $q_store
             prev = (t - 1) % $stages
             mbarrier.wait(turn.index(WG), (t & 1) ^ OTHER)
             mbarrier.wait(k_ready.index(st), (t // $stages) & 1)
-            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s_tok = ${k}_qk(q, k_smem, k2_smem, st, zero_s)
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(prev), ((t - 1) // $stages) & 1)
@@ -131,7 +137,7 @@ $q_store
 
 
 @gluon.jit
-def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
+def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
     """A consumer warpgroup: the CTA's work items in turn (`$work_fn`)."""
     cta = gl.program_id(0)
     ctas = gl.num_programs(0)
@@ -139,19 +145,21 @@ def ${k}_consumer(o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     for step in range($steps_fn(ctas, $args)):
         batch, head, m, valid = $work_fn(step, cta, ctas, $args)
         if valid:
-            kt = ${k}_attend(o_desc, q_smem.index(WG), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+            kt = ${k}_attend(o_desc, q_smem.index(WG), k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
                              kt, batch, head, m, $args, WG)
 
 
 def __kernel__():
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    D: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = k_desc.block_type.shape[1]  # half the head dim when K is split in two
     DV: gl.constexpr = v_desc.block_type.shape[1]
     dtype: gl.constexpr = o_desc.dtype
     gl.static_assert(ROWS * 2 == 128)
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, D], o_desc.layout)
+    # Q tiles (the head dim, equal to V's), later the output
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, DV], o_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [$stages, BN, D], k_desc.layout)
+$k2_alloc
     v_smem = gl.allocate_shared_memory(dtype, [$stages, BN, DV], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
@@ -169,8 +177,8 @@ def __kernel__():
 $k_raw_init
     fence_async_shared()
     gl.warp_specialize([
-        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 0)),
-        (${k}_consumer, (o_desc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 1)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 0)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 1)),
         (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args)),
     ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
@@ -219,7 +227,8 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
 
 TRANSFORMING_PRODUCER = Template('''\
 @gluon.jit
-def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, kt, batch, head, m, $args):
+def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, kt, batch, head, m,
+           $args):
     """TMA loads of each K tile of one work item as soon as its slot is free (the
     consumers free K once S = Q K^T is done); one tile behind, the K tile's transforms
     in place (chunks of rows through registers, a proxy fence, a barrier of this
@@ -240,18 +249,20 @@ $k_setup
             st = t % $stages
             start = kv_lo + (n_tiles - 1 - j) * BN
             mbarrier.wait(k_empty.index(st), ((t // $stages) & 1) ^ 1)
-            mbarrier.expect(k_raw.index(st), k_desc.block_type.nbytes)
+            mbarrier.expect(k_raw.index(st), $k_parts * k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_raw.index(st), k_smem.index(st))
-        if j > 0:
+$k2_load        if j > 0:
             t = kt + j - 1
             st = t % $stages
             ph = (t // $stages) & 1
             start = kv_lo + (n_tiles - j) * BN
             mbarrier.wait(k_raw.index(st), ph)
             tile = k_smem.index(st)
+            tile2 = k2_smem.index(st)
             for c in gl.static_range(BN - CH, -1, -CH):
                 rows = start + c + chunk_rows
                 chunk = tile.slice(c, CH, dim=0)
+                chunk2 = tile2.slice(c, CH, dim=0)
 $k_transform
             fence_async_shared()
             gl.thread_barrier()
@@ -264,15 +275,15 @@ $k_transform
 
 
 @gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, $args):
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, $args):
     cta = gl.program_id(0)
     ctas = gl.num_programs(0)
     kt = 0
     for step in range($steps_fn(ctas, $args)):
         batch, head, m, valid = $work_fn(step, cta, ctas, $args)
         if valid:
-            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, kt, batch,
-                           head, m, $args)
+            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, kt,
+                           batch, head, m, $args)
 ''')
 """The 4-warp producer of `rope-fusion` fused: K reaches the consumers transformed.
 `k_transform` loads each column part of `chunk` (`k_vec` x `k_tpw_row` x `k_tpw_col`

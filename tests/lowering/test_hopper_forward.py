@@ -119,13 +119,17 @@ def test_gluon_kernels_compile_for_sm90() -> None:
             # rotation; measured harmless on an H200 for the consumers) and libdevice's
             # sin/cos reduction of large angles uses a local array (the local loads)
             assert {40, 232} <= set(r["setmaxnreg"]), (name, r)
-            assert r["spill_bytes"] <= 192, (name, r)
+            assert r["spill_bytes"] <= 192 and r["loop_local_loads"] <= 12, (name, r)
+            if name.startswith(("llama3_fused", "qwen3_fused")):
+                # split K tiles: two warpgroup barriers per 8-row chunk (32 per tile) and
+                # the consumers' 40-odd; one K allocation had three per chunk (95 in all)
+                assert r["barriers"] <= 80, (name, r)
         else:
-            # the item loop's scalars (step, ring position, ...) may be spilled across
-            # setmaxnreg and reloaded once per item: in the prologue and epilogue, and in
-            # gemma2_like one reload where ptxas placed the next item's accumulator
-            # zeroing between two wgmma blocks (SASS read in session 20)
-            assert r["mma_local_loads"] <= 2 and r["spill_bytes"] <= 96, (name, r)
+            # the item loop's scalars (step, ring position, the arguments the next
+            # item's prologue reads) may be spilled across setmaxnreg and reloaded once
+            # per item; inside the KV loop only score_mod reloads two (per tile, against
+            # a tile's thousands of instructions; none before the item loop)
+            assert r["loop_local_loads"] <= 2 and r["spill_bytes"] <= 96, (name, r)
             assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 

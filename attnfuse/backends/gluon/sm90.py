@@ -78,32 +78,61 @@ def _last_strides(meta: KernelMetadata) -> set[str]:
     return out
 
 
-def _mma_local_loads(sass: str) -> int:
-    lines = sass.splitlines()
-    starts = [0] + [i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line] + [len(lines)]
-    count = 0
-    for a, b in zip(starts, starts[1:]):
-        mma = [i for i in range(a, b) if "HGMMA" in lines[i]]
-        if mma:
-            count += sum(1 for i in range(mma[0], mma[-1]) if re.search(r"\bLDL\b", lines[i]))
-    return count
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)\s*$")
+
+
+def sass_instructions(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of every SASS instruction of `cubin`, from `cuobjdump -sass`
+    (Triton's `get_sass` stops at the first line it does not parse, which cut the
+    producer partitions of our kernels)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.tools.disasm import path_to_cuobjdump
+
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        text = subprocess.check_output([path_to_cuobjdump(), "-sass", path], text=True)
+    finally:
+        os.remove(path)
+    return [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(text)]
+
+
+def hot_loop_local_loads(instructions: list[tuple[int, str]]) -> int:
+    """Local-memory loads (spill reloads) inside the innermost loops that issue wgmma or
+    wait on / arrive at mbarriers: the KV loops of the consumers and the producer's tile
+    loop (a loop is a backward branch's range; libdevice's argument reduction loop, which
+    reads its local array once per item, waits on no barrier)."""
+    loops = []
+    for address, text in instructions:
+        branch = _BRANCH.search(text)
+        if branch and int(branch.group(1), 16) <= address:
+            loops.append((int(branch.group(1), 16), address))
+    hot = [(lo, hi) for lo, hi in loops
+           if any(lo <= a <= hi and ("HGMMA" in t or "SYNCS" in t) for a, t in instructions)]
+    innermost = [(lo, hi) for lo, hi in hot
+                 if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in hot)]
+    return sum(1 for a, t in instructions
+               if re.match(r"(@!?U?P\w+\s+)?LDL\b", t) and any(lo <= a <= hi for lo, hi in innermost))
 
 
 def gluon_resources(compiled: Any) -> dict[str, Any]:
     """Registers, spills, shared memory and the Hopper instructions of a compiled kernel.
     `local_loads` counts the SASS loads from local memory (a spill that is never read
-    back costs one store); `mma_local_loads` those between the first and the last wgmma
-    of a partition (partitions start at a `setmaxnreg` increase): reloads inside the
-    tensor-core loop, unlike those of per-item scalars around it."""
-    from triton.tools.disasm import get_sass
-
+    back costs one store); `loop_local_loads` those inside the hot loops
+    (`hot_loop_local_loads`), unlike reloads of per-item scalars around them."""
     ptx = compiled.asm["ptx"]
     usage = ptxas_usage(compiled)
-    sass = get_sass(compiled.asm["cubin"])
+    sass = sass_instructions(compiled.asm["cubin"])
     return {
-        "local_loads": len(re.findall(r"\bLDL\b", sass)),
-        "mma_local_loads": _mma_local_loads(sass),
-        "local_stores": len(re.findall(r"\bSTL\b", sass)),
+        "local_loads": sum(1 for _, t in sass if re.match(r"(@!?U?P\w+\s+)?LDL\b", t)),
+        "loop_local_loads": hot_loop_local_loads(sass),
+        "barriers": sum(1 for _, t in sass if t.startswith("BAR.SYNC")),
+        "local_stores": sum(1 for _, t in sass if re.match(r"(@!?U?P\w+\s+)?STL\b", t)),
         "kernel": compiled.metadata.name,
         "num_warps": compiled.metadata.num_warps,
         "regs": usage["regs"],
@@ -115,9 +144,6 @@ def gluon_resources(compiled: Any) -> dict[str, Any]:
         "tma_reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
         "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
     }
-
-
-
 
 
 def compile_module_for_sm90(module: Any) -> dict[str, dict[str, Any]]:
