@@ -28,6 +28,7 @@ host.launch @llama3_bwd_dq[...](...) if not %use_hopper_bwd
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i32
@@ -50,6 +51,14 @@ BLOCK_N = 128
 """Keys per CTA (64 per consumer warpgroup)."""
 BLOCK_M = 64
 """Query rows per step of the walk."""
+PAIR_CHUNK = 8
+"""At most this many (batch, kv head) pairs per chunk of the launch order (`coords` in the
+template; the chunk is gcd(kv heads, 8), so it divides the pair count): with 132 SMs, some
+16 CTAs in flight per pair, whose walks add into the same dQ tiles within a few steps, so
+the tiles' reduce-adds hit L2. Measured (run 20, Llama-3-8B, `unordered`), kernel us at
+S = 2048 / 8192: all pairs interleaved (2 / 8 CTAs per pair in flight) 1717 / 4974, chunks
+of 16 pairs 1328 / 4908, of 8 pairs 1310 / 4827, one pair at a time 1440 / 5226 (the
+longest walks of the last pairs then start late)."""
 STAGES = 2
 """Depth of the Q / dO ring (198 KB of shared memory at D = 128; 3 measured no faster, run 18)."""
 MAXNREG = 168
@@ -111,6 +120,7 @@ class HopperBackward(DeviceFunctions):
         assert isinstance(online, OnlineSoftmaxOp)
         self.plan = online.plan
         self.hq, self.hk, _ = program.heads
+        self.chunk = math.gcd(self.hk, PAIR_CHUNK)
         q_type = program.func.args[program.q.arg_index].type
         assert isinstance(q_type, TensorType)
         self.dtype: Attribute = q_type.element_type
@@ -182,7 +192,7 @@ class HopperBackward(DeviceFunctions):
         mask_step = "\n".join(steps)
         dk, dv = self.dk_arg.name, self.dv_arg.name
         text = TEMPLATE.substitute(
-            k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, stages=STAGES, scale=repr(self.scale),
+            k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, chunk=self.chunk, stages=STAGES, scale=repr(self.scale),
             c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data, mask_step=mask_step,
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
@@ -217,7 +227,8 @@ def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAV
     ops = hopper.build()
     ok = host.emit(TmaReadyOp([q, d_out, k, v, lse, delta, dq], arch=9, rows=BLOCK_N), "use_hopper_bwd")
     kv_len = hopper.kv_len_arg.host
-    grid = [host.mul(batch, hopper.hk, "ws_grid_bkv"), host.cdiv(kv_len, BLOCK_N, "ws_grid_n"), one]  # type: ignore[arg-type]
+    blocks = host.cdiv(kv_len, BLOCK_N, "ws_blocks")  # type: ignore[arg-type]
+    grid = [host.mul(blocks, hopper.chunk, "ws_grid_chunk"), host.mul(batch, hopper.hk // hopper.chunk, "ws_chunks"), one]
     host.launch(hopper.name, grid, [q, d_out, k, v, lse, delta, dq, *hopper.sig.host_operands()], when=ok)
     return ok, ops
 

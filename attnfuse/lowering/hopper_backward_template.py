@@ -81,8 +81,15 @@ def ${k}_take_turn(sem, turn):
 
 @gluon.jit
 def ${k}_coords():
-    bkv = gl.program_id(0)
-    return bkv // $hk, bkv % $hk, gl.program_id(1)
+    """(batch, kv head, key block) of this CTA. The (batch, kv head) pairs go in chunks of
+    $chunk (grid axis 1); within a chunk (axis 0), key block 0 of each pair first (the
+    longest causal walks), then block 1, and so on: about a $chunk-th of the CTAs in
+    flight work on each pair of a chunk, so the dQ tiles they add into are reused in L2.
+    Constant divisors only, so ptxas recomputes these from the CTA id instead of keeping
+    them in registers."""
+    rest = gl.program_id(0)
+    bkv = gl.program_id(1) * $chunk + rest % $chunk
+    return bkv // $hk, bkv % $hk, rest // $chunk
 
 
 @gluon.jit
@@ -241,7 +248,7 @@ def __kernel__():
                          lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args)),
     ], [4, 1], [240, 24])
 ''')
-"""Substitutions: k (name prefix), hq, hk, group, stages, scale, c (scale * log2 e), args,
+"""Substitutions: k (name prefix), hq, hk, group, chunk, stages, scale, c (scale * log2 e), args,
 range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
 dk_dtype, dv_dtype (Gluon dtypes of the stores), dq_init / dq_pass / dq_turn / dq_next /
 dq_last (the lines of the dQ reduction's order), head_of_it / tile_of_it (the walk's

@@ -25,7 +25,7 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from attnfuse.dialects.host import SmCountOp, TmaReadyOp
+from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, ScoreModOp, SoftcapOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
@@ -442,7 +442,7 @@ def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAV
                       "ws_items")
     if persistent:
         # one CTA per SM: the kernel's shared memory (Q + the K/V ring) fills one
-        items = host.emit(arith.MinSIOp(items, host.emit(SmCountOp(), "sms")), "ws_ctas")
+        items = host.emit(arith.MinSIOp(items, host.sm_count()), "ws_ctas")
     host.launch(hopper.name, [items, one, one], hopper.host_operands(), when=ok)
     return ok, ops
 

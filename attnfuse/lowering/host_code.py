@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
-from attnfuse.dialects.host import AllocOp, ConvertOp, LaunchOp, ReduceSumOp
+from attnfuse.dialects.host import AllocOp, ConvertOp, LaunchOp, ReduceSumOp, SmCountOp
 
 
 class HostCode:
@@ -29,6 +29,7 @@ class HostCode:
     def __init__(self, insertion_point: InsertPoint) -> None:
         self.builder = Builder(insertion_point)
         self.tables: dict[tuple[float, ...], SSAValue] = {}
+        self._sms: SSAValue | None = None
 
     def emit(self, op: Operation, name: str | None = None) -> SSAValue:
         self.builder.insert(op)
@@ -46,6 +47,12 @@ class HostCode:
             attr = DenseIntOrFPElementsAttr.from_list(ty, list(values))
             self.tables[key] = self.emit(arith.ConstantOp(attr), "table")
         return self.tables[key]
+
+    def sm_count(self) -> SSAValue:
+        """The device's SM count (`host.sm_count`), queried once per function."""
+        if self._sms is None:
+            self._sms = self.emit(SmCountOp(), "sms")
+        return self._sms
 
     def cdiv(self, a: SSAValue, block: int, name: str) -> SSAValue:
         return self.emit(arith.CeilDivSIOp(a, self.const(block)), name)

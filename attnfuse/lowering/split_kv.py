@@ -40,7 +40,6 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.analysis.tile_plan import k_transformed_in_kernel
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
-from attnfuse.dialects.host import SmCountOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import Value
 from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel, ForwardSpec
@@ -254,7 +253,7 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
     if plan.is_auto():
         programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
                                            host.const(1)), "programs")
-        per_sm = host.mul(host.emit(SmCountOp(), "sms"), plan.waves.data, "target_programs")
+        per_sm = host.mul(host.sm_count(), plan.waves.data, "target_programs")
         by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
         by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
         wanted = host.emit(arith.MaxSIOp(host.emit(arith.MinSIOp(by_sms, by_work)), host.const(1)), "splits_wanted")

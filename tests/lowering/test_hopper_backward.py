@@ -184,3 +184,47 @@ def test_ordered_turns_follow_the_walk(align: str) -> None:
                 if blocks:
                     first = eval(expr, {"gl": _MaxOnly, "t_start": t, "Sq": q_len, "Skv": kv_len})  # noqa: S307
                     assert blocks == list(range(first, first + len(blocks))), (mask, q_len, kv_len, t, blocks, expr)
+
+
+@pytest.mark.parametrize("batch, kv_len, kv_heads", [(8, 2048, 8), (1, 16384, 8), (3, 384, 8), (2, 8192, 8),
+                                                    (5, 1024, 2), (3, 512, 1)])
+def test_launch_order_covers_every_block_once(batch: int, kv_len: int, kv_heads: int) -> None:
+    """The kernel's `coords`, run as Python over the launch's grid in launch order
+    (axis 0 fastest): every (batch, kv head, key block) once; the pairs in chunks of
+    gcd(kv heads, `PAIR_CHUNK`), within a chunk block 0 of each pair first; and a pair's
+    blocks launched in increasing order (the ordered dQ turns wait on lower blocks, which
+    must not be launched after them)."""
+    import math
+
+    from attnfuse.lowering.hopper_backward import PAIR_CHUNK
+
+    b = Builder("order", hq=2 * kv_heads, hkv=kv_heads, d=64, dtype="bf16")
+    b.mask("causal")
+    module = lower(b.build().text, backward_pipeline(hopper="ordered", forward_hopper=False))
+    (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+    (launch,) = [op for op in ops_of(module, LaunchOp) if op.kernel.root_reference.data.endswith("_bwd_ws")]
+    assert [v.name_hint for v in launch.operands[:2]] == ["ws_grid_chunk", "ws_chunks"]
+    source = kernel.template.data
+    start = source.index("def order_bwd_ws_coords(")
+    body = source[start:source.index("\n\n\n", start)]
+    chunk, blocks = math.gcd(kv_heads, PAIR_CHUNK), kv_len // 128
+    grid = (chunk * blocks, batch * kv_heads // chunk)
+    pid = [0, 0]
+
+    class FakeGluon:
+        @staticmethod
+        def program_id(axis: int) -> int:
+            return pid[axis]
+
+    scope: dict[str, Any] = {"gl": FakeGluon}
+    exec(body, scope)  # noqa: S102 - our own template
+    order = []
+    for pid[1] in range(grid[1]):
+        for pid[0] in range(grid[0]):
+            order.append(scope["order_bwd_ws_coords"]())
+    assert sorted(order) == [(b, h, n) for b in range(batch) for h in range(kv_heads) for n in range(blocks)]
+    pairs = [b * kv_heads + h for b, h, _ in order]
+    assert all(n == 0 for _, _, n in order[:chunk]) and len(set(pairs[:chunk])) == chunk
+    for pair in set(pairs):
+        blocks_of_pair = [n for (_, _, n), p in zip(order, pairs) if p == pair]
+        assert blocks_of_pair == sorted(blocks_of_pair)

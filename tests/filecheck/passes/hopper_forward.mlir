@@ -23,9 +23,12 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK-LABEL: func.func @llama(
 // CHECK:         host.launch @llama_k_prologue
 // CHECK:         %use_hopper = host.tma_ready %q, %k_transformed, %v, %out {arch = 9 : i64, rows = 128 : i64}
-// CHECK:         %ws_grid_bh = arith.muli %batch, %{{.*}} : i32
-// CHECK:         %ws_grid_m = arith.ceildivsi %q_len, %{{.*}} : i32
-// CHECK-NEXT:    host.launch @llama_fwd_ws[%ws_grid_bh, %ws_grid_m, %one] (%k_transformed, %v, %out, %q, %lse, %{{.*}}, %q_len, %kv_len) when %use_hopper :
+// CHECK:         %ws_bh = arith.muli %batch, %{{.*}} : i32
+// CHECK:         %ws_m = arith.ceildivsi %q_len, %{{.*}} : i32
+// CHECK-NEXT:    %ws_items = arith.muli %ws_bh, %ws_m : i32
+// CHECK-NEXT:    %sms = host.sm_count : i32
+// CHECK-NEXT:    %ws_ctas = arith.minsi %ws_items, %sms : i32
+// CHECK-NEXT:    host.launch @llama_fwd_ws[%ws_ctas, %one, %one] (%k_transformed, %v, %out, %q, %lse, %{{.*}}, %q_len, %kv_len, %batch) when %use_hopper :
 // CHECK:         host.launch @llama_fwd[%grid_m, %grid_bh, %one] ({{.*}}) when %use_hopper unless :
 // CHECK:       tile.kernel @llama_fwd(
 // CHECK:       tile_hopper.func @llama_fwd_ws_range(%q_start: i32, %batch: i32, %head: i32, {{.*}}) -> (i32, i32, i32, i32) {
@@ -39,17 +42,19 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score(
 // CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
 // CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
-// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks]
+// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
 // FUSED:       %use_hopper = host.tma_ready %q, %k, %v, %out
-// FUSED:       %ws_grid_bh = arith.muli
-// FUSED:       host.launch @llama_fwd_ws[%ws_grid_bh, %ws_grid_m, %one] (%k, %v, %out, %q, %lse,
+// FUSED:       %ws_ctas = arith.minsi
+// FUSED:       host.launch @llama_fwd_ws[%ws_ctas, %one, %one] (%k, %v, %out, %q, %lse,
 // FUSED:       tile_hopper.func @llama_fwd_ws_k(%k_a: tensor<8x64xbf16>, %k_b: tensor<8x64xbf16>, %cos: tensor<8x64xf32>, %sin: tensor<8x64xf32>, %rows: tensor<8xi32>, %batch: i32,
 // FUSED:         %rot_a = arith.subf
 // FUSED:       tile_hopper.func @llama_fwd_ws_k_angles(%pos: tensor<8xi32>,
 // FUSED:         %cos = math.cos %angle : tensor<8x64xf32>
-// FUSED:       tile_hopper.kernel @llama_fwd_ws(
-// FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles]
+// The K ring is two allocations of 64-column tiles (the rope's halves): K's descriptor
+// loads a [128, 64] box.
+// FUSED:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 64]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>,
+// FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
 // OFF-NOT:     tma_ready
 // OFF-NOT:     tile_hopper
@@ -59,10 +64,13 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // GLUON:       from triton.experimental import gluon
 // GLUON:       def llama_fwd_ws_score_masks(s, rows, cols, batch, head,
 // GLUON:       gl.where(
+// GLUON:       def llama_fwd_ws_qk(q, k_smem, k2_smem, st, zero_s):
+// GLUON-NEXT:      """Issue S = Q K^T of ring slot `st` (async)."""
+// GLUON-NEXT:      return warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
 // GLUON:       def llama_fwd_ws_consumer(
-// GLUON:       warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+// GLUON:       for step in range(llama_fwd_ws_steps(ctas,
 // GLUON:       # kernel llama_fwd_ws
 // GLUON-NEXT:  #   num_warps=4 num_stages=1 maxnreg=168
-// GLUON:       @gluon.jit(do_not_specialize=['Sq', 'Skv'])
+// GLUON:       @gluon.jit(do_not_specialize=['Sq', 'Skv', 'B'])
 // GLUON-NEXT:  def llama_fwd_ws(k_desc, v_desc, o_desc, Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, LSE,
 // GLUON:       gl.warp_specialize([

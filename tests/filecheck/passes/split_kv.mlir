@@ -19,14 +19,14 @@
 // OPTS:          split_kv = #attn.split_kv<32x16, group 4, splits 3, waves 4, min_blocks 1>
 
 // The host code: which path a call takes (its Sq x 4 rows fit 64), the split count from
-// the batch, the 8 KV heads, the KV blocks and the SM count, the workspace, the split
+// the batch, the 8 KV heads, the KV blocks and the SM count (`%sms`, queried once for the
+// function: the Hopper forward's persistent grid reads it too), the workspace, the split
 // and combine launches, and the usual forward kernel with a zero grid when decoding.
 // LOWER-LABEL: func.func @llama(
 // LOWER:         %packed_rows = arith.muli %q_len, %{{.*}} : i32
 // LOWER:         %decoding = arith.cmpi sle, %packed_rows, %{{.*}} : i32
 // LOWER:         %kv_blocks_visited = arith.ceildivsi %kv_len, %{{.*}} : i32
 // LOWER:         %programs_per_split = arith.muli %batch, %{{.*}} : i32
-// LOWER:         %sms = host.sm_count : i32
 // LOWER:         %target_programs = arith.muli %sms, %{{.*}} : i32
 // LOWER:         %splits_by_sms = arith.divsi %target_programs, %programs : i32
 // LOWER:         %splits_by_work = arith.ceildivsi %kv_blocks, %{{.*}} : i32
