@@ -192,7 +192,8 @@ class HopperBackward(DeviceFunctions):
         mask_step = "\n".join(steps)
         dk, dv = self.dk_arg.name, self.dv_arg.name
         text = TEMPLATE.substitute(
-            k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, chunk=self.chunk, stages=STAGES, scale=repr(self.scale),
+            k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, chunk=self.chunk, stages=STAGES,
+            scale=repr(self.scale),
             c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data, mask_step=mask_step,
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
@@ -228,7 +229,8 @@ def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAV
     ok = host.emit(TmaReadyOp([q, d_out, k, v, lse, delta, dq], arch=9, rows=BLOCK_N), "use_hopper_bwd")
     kv_len = hopper.kv_len_arg.host
     blocks = host.cdiv(kv_len, BLOCK_N, "ws_blocks")  # type: ignore[arg-type]
-    grid = [host.mul(blocks, hopper.chunk, "ws_grid_chunk"), host.mul(batch, hopper.hk // hopper.chunk, "ws_chunks"), one]
+    grid = [host.mul(blocks, hopper.chunk, "ws_grid_chunk"),
+            host.mul(batch, hopper.hk // hopper.chunk, "ws_chunks"), one]
     host.launch(hopper.name, grid, [q, d_out, k, v, lse, delta, dq, *hopper.sig.host_operands()], when=ok)
     return ok, ops
 

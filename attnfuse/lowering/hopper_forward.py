@@ -161,16 +161,18 @@ class HopperForward(DeviceFunctions):
 
     # ------------------------------------------------------------------ device functions
 
-    def _items(self, b: TileBuilder) -> tuple[SSAValue, SSAValue]:
-        """(batch x head count, work items): one item per 128 query rows of a (batch, head)."""
+    def _items(self, b: TileBuilder) -> tuple[SSAValue, SSAValue, SSAValue]:
+        """(batch x head count, q blocks per (batch, head), work items): one item per 128
+        query rows of a (batch, head)."""
         assert self.batch_arg.value is not None and self.q_len_arg.value is not None
         bh = b.mul(self.batch_arg.value, self.hq, name="bh_count")
-        return bh, b.mul(bh, b.cdiv(self.q_len_arg.value, BLOCK_M), name="items")
+        q_blocks = b.cdiv(self.q_len_arg.value, BLOCK_M, name="q_blocks")
+        return bh, q_blocks, b.mul(bh, q_blocks, name="items")
 
     def _steps_function(self) -> FuncOp:
         """Steps of a CTA's item loop: the items divided among `ctas` CTAs, rounded up."""
         op, b = self._function("steps", [("ctas", i32)])
-        return self._finish(op, b, b.cdiv(self._items(b)[1], op.args[0], name="steps"))
+        return self._finish(op, b, b.cdiv(self._items(b)[2], op.args[0], name="steps"))
 
     def _work_function(self) -> FuncOp:
         """(batch, head, q block, valid) of a CTA's `step`-th item. Items are numbered
@@ -182,14 +184,14 @@ class HopperForward(DeviceFunctions):
         `valid` is false past the last item."""
         op, b = self._function("work", [("step", i32), ("cta", i32), ("ctas", i32)])
         step, cta, ctas = op.args[:3]
-        bh_count, items = self._items(b)
+        bh_count, q_blocks, items = self._items(b)
         odd = b.eq(b.rem(step, 2), 1, name="odd")
         half = b.div(step, 2)
         back = b.sub(b.sub(b.cdiv(items, ctas), 1), half)
         rank = b.where(odd, b.sub(b.sub(ctas, 1), cta), cta, name="rank")
         index = b.add(b.mul(b.where(odd, back, half), ctas), rank, name="item")
         bh = b.rem(index, bh_count, name="bh")
-        m = b.sub(b.sub(b.cdiv(self.q_len_arg.value, BLOCK_M), 1), b.div(index, bh_count), name="m")  # type: ignore[arg-type]
+        m = b.sub(b.sub(q_blocks, 1), b.div(index, bh_count), name="m")
         return self._finish(op, b, b.div(bh, self.hq, name="batch"), b.rem(bh, self.hq, name="head"), m,
                             b.lt(index, items, name="valid"))
 
@@ -283,8 +285,7 @@ class HopperForward(DeviceFunctions):
     def _producer(self, args: str) -> tuple[list[FuncOp], dict[str, object]]:
         """The producer partition: its device functions and template substitutions."""
         common = dict(k=self.name, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
-                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name,
-                      steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work")
+                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name)
         split = self.k_split
         plain_qk = "    return warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)"
         if not self.spec.k_transforms:

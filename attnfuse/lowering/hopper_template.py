@@ -29,6 +29,19 @@ TEMPLATE = Template('''\
 $producer
 
 @gluon.jit
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args):
+    """The producer partition: the CTA's work items in turn (`$work_fn`), each loaded by `${k}_load`."""
+    cta = gl.program_id(0)
+    ctas = gl.num_programs(0)
+    kt = 0
+    for step in range($steps_fn(ctas, $args)):
+        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
+        if valid:
+            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                           ${producer_extra}kt, batch, head, m, $args)
+
+
+@gluon.jit
 def ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args):
     """One online-softmax step of the S tile at key `start` (m in log2 units)."""
 $score_step
@@ -184,7 +197,7 @@ $k_raw_init
 ''')
 """Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
 args, steps_fn, work_fn, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
-text of `PRODUCER` or `TRANSFORMING_PRODUCER`), `producer_extra` (its arguments before
+text of `PRODUCER` or `TRANSFORMING_PRODUCER`: its `${k}_load`), `producer_extra` (the load's arguments before
 `args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
 `producer_regs`."""
 
@@ -211,19 +224,8 @@ def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
     return kt + n_tiles
 
-
-@gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $args):
-    cta = gl.program_id(0)
-    ctas = gl.num_programs(0)
-    kt = 0
-    for step in range($steps_fn(ctas, $args)):
-        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
-        if valid:
-            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kt, batch, head, m,
-                           $args)
 ''')
-"""The 1-warp producer: TMA loads of each K/V tile into the ring."""
+"""`${k}_load` of the 1-warp producer: TMA loads of each K/V tile of an item into the ring."""
 
 TRANSFORMING_PRODUCER = Template('''\
 @gluon.jit
@@ -273,19 +275,8 @@ $k_transform
             tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
     return kt + n_tiles
 
-
-@gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, $args):
-    cta = gl.program_id(0)
-    ctas = gl.num_programs(0)
-    kt = 0
-    for step in range($steps_fn(ctas, $args)):
-        batch, head, m, valid = $work_fn(step, cta, ctas, $args)
-        if valid:
-            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, kt,
-                           batch, head, m, $args)
 ''')
-"""The 4-warp producer of `rope-fusion` fused: K reaches the consumers transformed.
+"""`${k}_load` of the 4-warp producer of `rope-fusion` fused: K reaches the consumers transformed.
 `k_transform` loads each column part of `chunk` (`k_vec` x `k_tpw_row` x `k_tpw_col`
 blocked layout), calls the K device function and stores the parts back. Chunks go from
 the tile's last to its first, as tiles do, so the rows a thread visits descend by `CH`

@@ -79,6 +79,8 @@ def _last_strides(meta: KernelMetadata) -> set[str]:
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LOCAL_LOAD = re.compile(r"(@!?U?P\w+\s+)?LDL\b")
+_LOCAL_STORE = re.compile(r"(@!?U?P\w+\s+)?STL\b")
 _BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)\s*$")
 
 
@@ -117,7 +119,7 @@ def hot_loop_local_loads(instructions: list[tuple[int, str]]) -> int:
     innermost = [(lo, hi) for lo, hi in hot
                  if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in hot)]
     return sum(1 for a, t in instructions
-               if re.match(r"(@!?U?P\w+\s+)?LDL\b", t) and any(lo <= a <= hi for lo, hi in innermost))
+               if _LOCAL_LOAD.match(t) and any(lo <= a <= hi for lo, hi in innermost))
 
 
 def gluon_resources(compiled: Any) -> dict[str, Any]:
@@ -129,10 +131,10 @@ def gluon_resources(compiled: Any) -> dict[str, Any]:
     usage = ptxas_usage(compiled)
     sass = sass_instructions(compiled.asm["cubin"])
     return {
-        "local_loads": sum(1 for _, t in sass if re.match(r"(@!?U?P\w+\s+)?LDL\b", t)),
+        "local_loads": sum(1 for _, t in sass if _LOCAL_LOAD.match(t)),
         "loop_local_loads": hot_loop_local_loads(sass),
         "barriers": sum(1 for _, t in sass if t.startswith("BAR.SYNC")),
-        "local_stores": sum(1 for _, t in sass if re.match(r"(@!?U?P\w+\s+)?STL\b", t)),
+        "local_stores": sum(1 for _, t in sass if _LOCAL_STORE.match(t)),
         "kernel": compiled.metadata.name,
         "num_warps": compiled.metadata.num_warps,
         "regs": usage["regs"],
