@@ -45,7 +45,12 @@ from attnfuse.lowering.backward import (
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.hopper_backward import BLOCK_M as HOPPER_BLOCK_M
-from attnfuse.lowering.hopper_backward import HOPPER_BACKWARD_MODES, HopperBackward, lower_hopper_backward
+from attnfuse.lowering.hopper_backward import (
+    HOPPER_BACKWARD_MODES,
+    HopperBackward,
+    covers_every_row,
+    lower_hopper_backward,
+)
 from attnfuse.lowering.hopper_backward import ineligible_reason as hopper_ineligible_reason
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.regions import RegionLoweringError
@@ -210,9 +215,11 @@ class _Builder:
                 if isinstance(op, QKNormOp) and op.weight is not None:
                     store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
-        # The Hopper schedule adds dQ into a zeroed f32 buffer; its transposes (or a cast) follow.
+        # The Hopper schedule adds dQ into an f32 buffer, zeroed unless `ordered` stores every
+        # tile first; its transposes (or a cast) follow.
         epilogue = self._epilogue_ropes() if not self.hopper else {"q": [], "k": []}
-        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]), accumulate=self.hopper)
+        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]), accumulate=self.hopper,
+                                zero=self.hopper and not (self.ordered and covers_every_row(self.online.plan)))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = kv_block_map = None
@@ -319,14 +326,14 @@ class _Builder:
         return chosen
 
     def _grad_buffer(self, tag: str, transforms: list, source: SSAValue, batch: SSAValue, seq: SSAValue,
-                     final: bool, *, accumulate: bool = False) -> SSAValue:
+                     final: bool, *, accumulate: bool = False, zero: bool = False) -> SSAValue:
         """The dQ / dK buffer of the main kernels: the gradient itself, or (when a transpose
         pre-kernel follows) an f32 gradient with respect to the transformed rows;
-        `accumulate`: a zeroed f32 buffer that kernels add into."""
+        `accumulate`: an f32 buffer that kernels add into, zeroed with `zero`."""
         rotated = bool(self.pre(transforms)) and not final
         ty = _f32_like(source.type) if rotated or accumulate else source.type
         name = f"d_{tag}_rotated" if rotated else f"d_{tag}_f32" if accumulate else f"d_{tag}"
-        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, name, zero=accumulate)
+        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, name, zero=zero)
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:

@@ -1,5 +1,6 @@
 """lower-backward{hopper-backward}: which programs get the warp-specialized Gluon backward,
-what the lowered host code holds (a zeroed f32 dQ buffer, the Gluon launch guarded by
+what the lowered host code holds (an f32 dQ buffer, zeroed unless `ordered` stores every
+tile first, the Gluon launch guarded by
 `host.tma_ready` and the Triton dQ and dK/dV kernels launched otherwise), that the
 kernels compile for sm_90a (shared memory under the limit, wgmma, TMA loads and
 reduce-adds, setmaxnreg), and that CPU calls run the Triton kernels and stay right.
@@ -56,15 +57,22 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     assert guarded == [(f"{name}_bwd_ws", False), (f"{name}_bwd_dq", True), (f"{name}_bwd_dkdv", True)]
     (ready,) = [op for op in ops_of(module, TmaReadyOp) if op.result.name_hint == "use_hopper_bwd"]
     assert ready.rows.value.data == 128
-    # dQ is summed into a zeroed f32 buffer
-    zeroed = [op for op in ops_of(module, AllocOp) if op.zero is not None and op.result.name_hint in ("d_q_f32", "d_q_rotated")]
-    assert len(zeroed) == 1 and "f32" in str(zeroed[0].result.type)
+    # dQ is summed into an f32 buffer, zeroed unless `ordered` stores each tile's first
+    # addend and every row sees a key (no band, or a top-left one keeping the diagonal)
+    (online,) = ops_of(lower(text, "attn-canonicalize,rope-fusion,online-softmax,mask-tiling"), OnlineSoftmaxOp)
+    lower_bound, upper_bound = online.plan.get_band()
+    covered = lower_bound is None and (upper_bound is None or (
+        not online.plan.is_bottom_right() and upper_bound >= 0))
+    (d_q,) = [op for op in ops_of(module, AllocOp) if op.result.name_hint in ("d_q_f32", "d_q_rotated")]
+    assert "f32" in str(d_q.result.type)
+    assert (d_q.zero is None) == (mode == "ordered" and covered), (name, online.plan.get_band())
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert f"{name}_bwd_ws_reduce_add(dq_desc" in kernel.template.data
+    assert ("tma.async_copy_shared_to_global(dq_desc" in kernel.template.data) == (mode == "ordered")
     # ordered: a zeroed int32 counter per (batch, q head, 64-row tile, column half)
     turns = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
     assert len(turns) == (mode == "ordered")
-    assert (f"{name}_bwd_ws_take_turn(dQ_turns + cur_turn, n - (" in kernel.template.data) == (mode == "ordered")
+    assert (f"{name}_bwd_ws_take_turn(dQ_turns + tile_turn + " in kernel.template.data) == (mode == "ordered")
     if turns:
         q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
         assert turns[0].zero is not None
@@ -104,11 +112,12 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
                                 for text, mode in BACKWARD_ELIGIBLE.values()], timeout=1200)
     assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
     for name, r in resources.items():
-        # at most a few scalars in local memory (16-36 bytes in the ordered variants and the
-        # windows since the chunked launch order, the CTA's coordinates among them; the
-        # ordered spin loop is PTX: the same loop in the IR spilled some 200 bytes of tiles;
-        # ALiBi from per-key and per-query vectors spilled 372)
-        assert r["spill_bytes"] <= 48 and r["local_loads"] <= 12, (name, r)
+        # at most a few scalars in local memory (12-36 bytes, 76 with ALiBi and a window in
+        # the ordered variant, whose turns of a q tile pass together; the CTA's coordinates
+        # among them); the ordered spin loop and the predicated release are PTX: the same
+        # loop in the IR spilled some 200 bytes of tiles, a `red` predicated on %tid.x in
+        # the PTX 460; ALiBi from per-key and per-query vectors spilled 372)
+        assert r["spill_bytes"] <= 80 and r["local_loads"] <= 24, (name, r)
         assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
         assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] == 2, (name, r)
         assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
@@ -175,7 +184,7 @@ def test_ordered_turns_follow_the_walk(align: str) -> None:
         band = online.plan.get_band()
         bottom_right = online.plan.is_bottom_right()
         (hopper,) = ops_of(module, th.KernelOp)
-        expr = hopper.template.data.split("_take_turn(dQ_turns + cur_turn, n - (")[1].split("))\n")[0]
+        expr = hopper.template.data.split("        turn = n - (")[1].split(")\n")[0]
         for _ in range(20):
             q_len, kv_len = 128 * rng.randint(1, 10), 128 * rng.randint(1, 10)
             walks = [set(_walk(n, band, q_len, kv_len, bottom_right)) for n in range(kv_len // 128)]
