@@ -21,9 +21,10 @@ group and head dims 64 and 128. One CTA owns 128 keys of one (batch, kv head):
 Ordered (the deterministic variant, `ordered(...)`): the key blocks that add into a dQ
 tile do so in block order, FlashAttention-3's deterministic mode. A per-(tile, column
 half) counter in global memory says how many have added; block n waits until it reads
-n - first (`take_turn`, an acquire) and, once its reduce is complete (a
-`cp.async.bulk.wait_group 0`, checked after the next tile's dK/dV products so the
-reduce overlaps them), releases the next (`pass_turn`: one thread's `red.release`).
+n - first (`take_turn`, an acquire) and, once its reduces are complete (a
+`cp.async.bulk.wait_group 0`, checked after the next step's dK/dV products so the
+reduce overlaps them), releases the next (`pass_turns`: one thread's
+`fence.acq_rel.gpu` and relaxed `red`s, for a batch of steps at once).
 The first adder stores its tile instead of adding it, so the dQ buffer needs no
 zeroing where every tile has an adder. The blocks adding into a tile are consecutive
 (block 0 on for bands without a lower bound; for a sliding window the first is where
