@@ -8,6 +8,11 @@ outputs and intermediates (pre-rotated K, block maps, lse) come into being.
 A tensor operand of `host.launch` reaches the kernel as a pointer followed by one i32
 stride per dimension (in elements); scalar operands pass as they are.
 
+Launches, allocations, conversions and reductions may be guarded (`when %c`, negated by
+`unless`): they run only on one of two paths. `%c` depends on the shape class of a call
+only (`host.tma_ready`), so a launch plan holds one path; `arith.select %c, %a, %b` on
+tensors joins the two paths' results.
+
 ```mlir
 func.func @llama3(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
   %b = host.dim %q[0] : tensor<?x32x?x128xbf16>
@@ -42,6 +47,12 @@ TOP_LEFT_BAND = "attnfuse.top_left_band"
 `[q argument index, k argument index]`. The runtime warns when a call has fewer queries
 than keys (decoding against a cache), where top-left alignment lets query i see only
 keys <= i."""
+
+
+def _verify_guard(op: IRDLOperation) -> None:
+    """`unless` negates a `when` condition: it needs one."""
+    if op.unless is not None and op.cond is None:  # type: ignore[attr-defined]
+        raise VerifyException(f"{op.name}: 'unless' needs a 'when' condition")
 
 
 @irdl_op_definition
@@ -96,21 +107,29 @@ class AllocOp(IRDLOperation):
     gives the dims from outermost to innermost in memory (default: row-major), e.g.
     `[B, H, S, D]` stored as `[B, S, H, D]`:
 
+    With `when %c` (`unless`: when it does not hold) the buffer exists only on that path
+    of a guarded launch sequence; only ops on the same path, and `arith.select` on `%c`,
+    may use it.
+
     ```mlir
     %lse = host.alloc %b, %sq zero : tensor<?x32x?xf32>
     %out = host.alloc %b, %sq {order = array<i64: 0, 2, 1, 3>} : tensor<?x32x?x128xbf16>
+    %d_q_f32 = host.alloc %b, %sq when %ok : tensor<?x32x?x128xf32>
     ```
     """
 
     name = "host.alloc"
     sizes = var_operand_def(i32)
+    cond = opt_operand_def(i1)
     zero = opt_prop_def(UnitAttr)
+    unless = opt_prop_def(UnitAttr)
     order = opt_prop_def(DenseArrayBase)
     result = result_def(TensorType)
-    irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$sizes (`zero` $zero^)? attr-dict `:` type($result)"
+    irdl_options = (AttrSizedOperandSegments(), ParsePropInAttrDict())
+    assembly_format = "$sizes (`zero` $zero^)? (`when` $cond^)? (`unless` $unless^)? attr-dict `:` type($result)"
 
     def verify_(self) -> None:
+        _verify_guard(self)
         assert isinstance(self.result.type, TensorType)
         dynamic = sum(1 for d in self.result.type.get_shape() if d < 0)
         if dynamic != len(self.sizes):
@@ -158,8 +177,7 @@ class LaunchOp(IRDLOperation):
     )
 
     def verify_(self) -> None:
-        if self.unless is not None and self.cond is None:
-            raise VerifyException("host.launch: 'unless' needs a 'when' condition")
+        _verify_guard(self)
 
 
 @irdl_op_definition
@@ -199,11 +217,16 @@ class ReduceSumOp(IRDLOperation):
 
     name = "host.reduce_sum"
     input = operand_def(TensorType)
+    cond = opt_operand_def(i1)
     dims = prop_def(DenseArrayBase)
     keepdim = opt_prop_def(UnitAttr)
+    unless = opt_prop_def(UnitAttr)
     result = result_def(TensorType)
     irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input (`when` $cond^)? (`unless` $unless^)? attr-dict `:` type($input) `->` type($result)"
+
+    def verify_(self) -> None:
+        _verify_guard(self)
 
 
 @irdl_op_definition
@@ -212,13 +235,19 @@ class ConvertOp(IRDLOperation):
 
     ```mlir
     %dw = host.convert %dw32 : tensor<128xf32> -> tensor<128xbf16>
+    %d_q = host.convert %d_q_f32 when %ok : tensor<?x32x?x128xf32> -> tensor<?x32x?x128xbf16>
     ```
     """
 
     name = "host.convert"
     input = operand_def(TensorType)
+    cond = opt_operand_def(i1)
+    unless = opt_prop_def(UnitAttr)
     result = result_def(TensorType)
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input (`when` $cond^)? (`unless` $unless^)? attr-dict `:` type($input) `->` type($result)"
+
+    def verify_(self) -> None:
+        _verify_guard(self)
 
 
 Host = Dialect("host", [DimOp, SmCountOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

@@ -12,16 +12,22 @@ the tile-IR device functions the template calls:
 
 Q, dO, K, V, LSE, delta and the f32 dQ buffer go through TMA descriptors over their
 [rows, D] (or flat) views, so the kernel serves contiguous operands with both lengths
-multiples of 128 (`host.tma_ready` decides per shape class; the Triton dQ and dK/dV
-kernels run otherwise). dQ is accumulated across CTAs by TMA reduce-adds into a zeroed
-f32 buffer, in key-block order (`hopper-backward=ordered`, per-tile counters in a zeroed
-int32 buffer) or as they come (`unordered`, not bitwise reproducible). The schedule is
-an option of `lower-backward`, off by default.
+multiples of 128 (`host.tma_ready` decides per shape class). The host code then has two
+guarded paths: this kernel, whose dQ is accumulated across CTAs by TMA reduce-adds into
+an f32 buffer (zeroed unless `ordered` stores every tile first) that transpose
+pre-kernels or a cast follow, in key-block order (`hopper-backward=ordered`, per-tile
+counters in a zeroed int32 buffer) or as they come (`unordered`, not bitwise
+reproducible); and the Triton dQ and dK/dV kernels with their own buffers and RoPE
+epilogues. `arith.select` joins the gradients. The schedule is an option of
+`lower-backward`, off by default.
 
 ```mlir
-%use_hopper_bwd = host.tma_ready %q, %d_out, %k, %v, %lse, %delta, %d_q {arch = 9 : i64, rows = 128 : i64} : ...
-host.launch @llama3_bwd_ws[%grid_bkv, %grid_n, %one](%q, %d_out, ...) if %use_hopper_bwd
-host.launch @llama3_bwd_dq[...](...) if not %use_hopper_bwd
+%use_hopper_bwd = host.tma_ready %q, %d_out, %k, %v, %lse, %delta {arch = 9 : i64, rows = 128 : i64} : ...
+%d_q_f32 = host.alloc %batch, %q_len when %use_hopper_bwd : tensor<?x32x?x128xf32>
+host.launch @llama3_bwd_ws[%ws_grid_chunk, %ws_chunks, %one] (%q, %d_out, ...) when %use_hopper_bwd : ...
+%d_q_rotated = host.alloc %batch, %q_len when %use_hopper_bwd unless : tensor<?x32x?x128xbf16>
+host.launch @llama3_bwd_dq[%grid_0, %grid_1, %one] (...) when %use_hopper_bwd unless : ...
+%d_q = arith.select %use_hopper_bwd, %d_q_hopper, %d_q_rotated : tensor<?x32x?x128xbf16>
 ```
 """
 
@@ -235,20 +241,26 @@ def _gl_dtype(ty: Attribute) -> str:
     return "gl." + tl_dtype(ty).removeprefix("tl.")
 
 
+def hopper_ready(host: HostCode, tensors: list[SSAValue]) -> SSAValue:
+    """`host.tma_ready` over the operands the kernel reads through TMA (rotated Q, dO,
+    rotated K, V, lse, delta): whether a shape class takes the Hopper path. Its f32 dQ
+    buffer is allocated on that path, contiguous."""
+    return host.emit(TmaReadyOp(tensors, arch=9, rows=BLOCK_N), "use_hopper_bwd")
+
+
 def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAValue, q: SSAValue,
                           d_out: SSAValue, k: SSAValue, v: SSAValue, lse: SSAValue, delta: SSAValue,
-                          dq: SSAValue, one: SSAValue) -> tuple[SSAValue, list[Operation]]:
-    """The kernel of `hopper` and its launch guarded by `host.tma_ready` over the
-    operands it reads through TMA; returns (the guard, the ops)."""
+                          dq: SSAValue, one: SSAValue) -> list[Operation]:
+    """The kernel and device functions of `hopper`, and its launch (on the path of the
+    host code's guard)."""
     ops = hopper.build()
-    ok = host.emit(TmaReadyOp([q, d_out, k, v, lse, delta, dq], arch=9, rows=BLOCK_N), "use_hopper_bwd")
     kv_len = hopper.kv_len_arg.host
     blocks = host.cdiv(kv_len, BLOCK_N, "ws_blocks")  # type: ignore[arg-type]
     grid = [host.mul(blocks, hopper.chunk, "ws_grid_chunk"),
             host.mul(batch, hopper.hk // hopper.chunk, "ws_chunks"), one]
-    host.launch(hopper.name, grid, [q, d_out, k, v, lse, delta, dq, *hopper.sig.host_operands()], when=ok)
-    return ok, ops
+    host.launch(hopper.name, grid, [q, d_out, k, v, lse, delta, dq, *hopper.sig.host_operands()])
+    return ops
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "covers_every_row", "ineligible_reason",
-           "lower_hopper_backward"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "covers_every_row", "hopper_ready",
+           "ineligible_reason", "lower_hopper_backward"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from xdsl.builder import Builder
 from xdsl.dialects import arith
@@ -30,6 +31,26 @@ class HostCode:
         self.builder = Builder(insertion_point)
         self.tables: dict[tuple[float, ...], SSAValue] = {}
         self._sms: SSAValue | None = None
+        self._guard: tuple[SSAValue, bool] | None = None
+
+    @contextmanager
+    def guarded(self, cond: SSAValue, *, unless: bool = False) -> Iterator[None]:
+        """The buffers, conversions, reductions and launches emitted inside exist only
+        where `cond` holds (`unless`: where it does not); join the two paths' results
+        with `select`. Guards do not nest."""
+        assert self._guard is None, "host guards do not nest"
+        self._guard = (cond, unless)
+        try:
+            yield
+        finally:
+            self._guard = None
+
+    def _guard_parts(self) -> tuple[list[SSAValue], dict[str, Attribute]]:
+        """The guard's condition operand and `unless` property, if a guard is on."""
+        if self._guard is None:
+            return [], {}
+        cond, unless = self._guard
+        return [cond], {"unless": UnitAttr()} if unless else {}
 
     def emit(self, op: Operation, name: str | None = None) -> SSAValue:
         self.builder.insert(op)
@@ -69,23 +90,35 @@ class HostCode:
         props: dict[str, Attribute | None] = {"zero": UnitAttr() if zero else None}
         if order is not None and list(order) != list(range(len(order))):
             props["order"] = DenseArrayBase.from_list(i64, list(order))
-        op = AllocOp.build(operands=[dynamic], result_types=[ty], properties=props)
+        cond, guard = self._guard_parts()
+        op = AllocOp.build(operands=[dynamic, cond], result_types=[ty], properties={**props, **guard})
         return self.emit(op, name)
 
     def reduce_sum(self, x: SSAValue, dims: Sequence[int], result: Attribute, name: str, *, keepdim: bool = False) -> SSAValue:
         props: dict[str, Attribute] = {"dims": DenseArrayBase.from_list(i64, list(dims))}
         if keepdim:
             props["keepdim"] = UnitAttr()
-        return self.emit(ReduceSumOp.build(operands=[x], result_types=[result], properties=props), name)
+        cond, guard = self._guard_parts()
+        return self.emit(ReduceSumOp.build(operands=[x, cond], result_types=[result], properties={**props, **guard}),
+                         name)
 
     def convert(self, x: SSAValue, result: Attribute, name: str) -> SSAValue:
         if x.type == result:
             return x
-        return self.emit(ConvertOp.build(operands=[x], result_types=[result]), name)
+        cond, guard = self._guard_parts()
+        return self.emit(ConvertOp.build(operands=[x, cond], result_types=[result], properties=guard), name)
+
+    def select(self, cond: SSAValue, a: SSAValue, b: SSAValue, name: str) -> SSAValue:
+        """`a` where `cond` holds, else `b` (tensors of two guarded paths, or scalars)."""
+        return self.emit(arith.SelectOp(cond, a, b), name)
 
     def launch(self, kernel: str, grid: Sequence[SSAValue], args: Sequence[SSAValue], *,
                when: SSAValue | None = None, unless: bool = False) -> None:
-        """Launch `kernel`; with `when`, only if it holds (or, `unless`, does not)."""
+        """Launch `kernel`; with `when`, only if it holds (or, `unless`, does not); inside
+        `guarded`, on the guard's path."""
+        if self._guard is not None:
+            assert when is None or self._guard == (when, unless), "a launch inside a guard takes the guard's condition"
+            when, unless = self._guard
         self.emit(LaunchOp.build(
             operands=[grid[0], grid[1], grid[2], list(args), [] if when is None else [when]],
             properties={"kernel": SymbolRefAttr(kernel), **({"unless": UnitAttr()} if unless else {})},

@@ -18,6 +18,7 @@ weights, bias tensors, ALiBi slopes given as an operand, sink logits.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -49,6 +50,7 @@ from attnfuse.lowering.hopper_backward import (
     HOPPER_BACKWARD_MODES,
     HopperBackward,
     covers_every_row,
+    hopper_ready,
     lower_hopper_backward,
 )
 from attnfuse.lowering.hopper_backward import ineligible_reason as hopper_ineligible_reason
@@ -215,12 +217,6 @@ class _Builder:
                 if isinstance(op, QKNormOp) and op.weight is not None:
                     store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
-        # The Hopper schedule adds dQ into an f32 buffer, zeroed unless `ordered` stores every
-        # tile first; its transposes (or a cast) follow.
-        epilogue = self._epilogue_ropes() if not self.hopper else {"q": [], "k": []}
-        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]), accumulate=self.hopper,
-                                zero=self.hopper and not (self.ordered and covers_every_row(self.online.plan)))
-        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         block_map = kv_block_map = None
         if self.online.plan.has_runtime_block_map():
@@ -233,42 +229,36 @@ class _Builder:
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         planned = set(effective_masks(p.score_ops)) if (
             self.online.plan.is_exact() or block_map is not None) else set()
-        fwd_spec = ForwardSpec(
-            program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
-            kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
-            inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
-            num_warps=self.warps, num_stages=self.stages, remap=self.remap,
-            block_m=self.block_m, block_n=self.block_n, rope_table=tables,
-            fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
-        )
-        q_rows, k_rows = (inputs["q"], out, lse, d_out, delta, d_q), (inputs["k"], v, d_k, d_v)
-        dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
-        spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
-                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
+
+        # Two paths where the Hopper schedule is built, chosen per shape class: the Gluon
+        # kernel adds dQ into an f32 buffer (zeroed unless `ordered` stores every tile
+        # first) that transposes (or a cast) follow; the Triton dQ and dK/dV kernels keep
+        # their own buffers and RoPE epilogues.
+        paths: list[tuple[SSAValue, SSAValue, dict[int, SSAValue]]] = []
         use_hopper: SSAValue | None = None
         if self.hopper:
-            turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
-                               {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
-                               zero=True) if self.ordered else None
-            hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
-                                    host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns)
-            use_hopper, ops = lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
-                                                    k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one)
-            self.kernels.extend(ops)
-        dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
-        self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch,
-                     dq_rows, when=use_hopper)
-        dkv_rows = self._rows("k", self.block_n, q_rows, k_rows)
-        dkv_kernel = DkvKernel(replace(spec, forward=replace(fwd_spec, packed=dkv_rows)), f"{self.name}_bwd_dkdv")
-        self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
-                     self.block_n, k, batch, dkv_rows, when=use_hopper)
-
-        side_weight_grads: dict[int, SSAValue] = {}
-        if not epilogue["q"]:
-            d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, side_weight_grads)
-        d_q = host.convert(d_q, _dyn(q.type), "d_q") if self.hopper else d_q  # type: ignore[arg-type]
-        if not epilogue["k"]:
-            d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, side_weight_grads)
+            use_hopper = hopper_ready(host, [inputs["q"], d_out, inputs["k"], v, lse, delta])
+            with host.guarded(use_hopper):
+                paths.append(self._hopper_path(inputs, q, k, v, d_out, lse, delta, d_v, batch, q_len, kv_len, one,
+                                               planned))
+        with host.guarded(use_hopper, unless=True) if use_hopper is not None else nullcontext():
+            fwd_spec = ForwardSpec(
+                program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
+                kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
+                inv_freq=self.inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
+                num_warps=self.warps, num_stages=self.stages, remap=self.remap,
+                block_m=self.block_m, block_n=self.block_n, rope_table=tables,
+                fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
+            )
+            paths.append(self._triton_path(fwd_spec, grads, kv_block_map, d_out, lse, delta, d_v, q, k, batch,
+                                           q_len, kv_len))
+        d_q, d_k, side_weight_grads = paths[-1]
+        if use_hopper is not None:
+            (hq_, hk_, hw), (tq, tk, tw) = paths
+            assert hw.keys() == tw.keys()
+            d_q = host.select(use_hopper, hq_, tq, "d_q")
+            d_k = host.select(use_hopper, hk_, tk, "d_k")
+            side_weight_grads = {i: host.select(use_hopper, hw[i], tw[i], f"d_norm_w{i}") for i in hw}
         self._result(d_q, p.q.arg_index)
         self._result(d_k, p.k.arg_index)
         self._result(d_v, p.v_arg)
@@ -290,17 +280,67 @@ class _Builder:
 
     # ------------------------------------------------------------------ helpers
 
+    def _hopper_path(self, inputs: dict[str, SSAValue], q: SSAValue, k: SSAValue, v: SSAValue, d_out: SSAValue,
+                     lse: SSAValue, delta: SSAValue, d_v: SSAValue, batch: SSAValue, q_len: SSAValue,
+                     kv_len: SSAValue, one: SSAValue,
+                     planned: set) -> tuple[SSAValue, SSAValue, dict[int, SSAValue]]:
+        """(dQ, dK, norm weight gradients) of the Hopper schedule (inside its guard)."""
+        p, host = self.program, self.host
+        hq = p.heads[0]
+        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, False, accumulate=True,
+                                zero=not (self.ordered and covers_every_row(self.online.plan)))
+        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, False)
+        turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
+                           {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
+                           zero=True) if self.ordered else None
+        hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
+                                host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns)
+        self.kernels.extend(lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
+                                                  k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one))
+        weight_grads: dict[int, SSAValue] = {}
+        d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
+        d_q = host.convert(d_q, _dyn(q.type), "d_q_hopper")
+        d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
+        return d_q, d_k, weight_grads
+
+    def _triton_path(self, fwd_spec: ForwardSpec, grads: GradBuffers, kv_block_map: SSAValue | None,
+                     d_out: SSAValue, lse: SSAValue, delta: SSAValue, d_v: SSAValue, q: SSAValue, k: SSAValue,
+                     batch: SSAValue, q_len: SSAValue,
+                     kv_len: SSAValue) -> tuple[SSAValue, SSAValue, dict[int, SSAValue]]:
+        """(dQ, dK, norm weight gradients) of the Triton dQ and dK/dV kernels, which undo
+        whole-width RoPE pre-kernels in their epilogues (`rotate-in-epilogue`)."""
+        p = self.program
+        epilogue = self._epilogue_ropes()
+        d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
+        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
+        q_rows, k_rows = (fwd_spec.q, fwd_spec.out, lse, d_out, delta, d_q), (fwd_spec.k, fwd_spec.v, d_k, d_v)
+        dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
+        spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
+                            q_epilogue=epilogue["q"], k_epilogue=epilogue["k"], kv_block_map=kv_block_map)
+        dq_kernel = DqKernel(spec, f"{self.name}_bwd_dq")
+        self._launch(dq_kernel.name, dq_kernel.build(), dq_kernel.sig.host_operands(), q_len, self.block_m, q, batch,
+                     dq_rows)
+        dkv_rows = self._rows("k", self.block_n, q_rows, k_rows)
+        dkv_kernel = DkvKernel(replace(spec, forward=replace(fwd_spec, packed=dkv_rows)), f"{self.name}_bwd_dkdv")
+        self._launch(dkv_kernel.name, dkv_kernel.build(), dkv_kernel.base.sig.host_operands(), kv_len,
+                     self.block_n, k, batch, dkv_rows)
+        weight_grads: dict[int, SSAValue] = {}
+        if not epilogue["q"]:
+            d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
+        if not epilogue["k"]:
+            d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
+        return d_q, d_k, weight_grads
+
     def _launch(self, name: str, kernel: Operation, operands: list[SSAValue], length: SSAValue,
-                block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None,
-                when: SSAValue | None = None) -> None:
+                block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None) -> None:
         """Launch over blocks of `length` (or the slots of `packed`'s schedule) x batch x
-        heads; with `when`, only where it does not hold (the Hopper schedule runs there)."""
+        heads (on the path of the host code's guard, if one is on)."""
         if kernel not in self.kernels:
             self.kernels.append(kernel)
         heads = _dim(heads_of.type, 1)
         blocks = packed.schedule.slots if packed is not None else self.host.cdiv(length, block, "grid_0")
         grid = [blocks, self.host.mul(batch, heads, "grid_1"), self.host.const(1, "one")]
-        self.host.launch(name, grid, operands, when=when, unless=when is not None)
+        self.host.launch(name, grid, operands)
 
     def _rows(self, side: str, block: int, q_rows: tuple[SSAValue, ...] = (),
               k_rows: tuple[SSAValue, ...] = ()) -> PackedRows | None:
@@ -352,6 +392,11 @@ class _Builder:
         rows = self._rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, grad, target)})
         kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,
                                                     partials, self.remap, rope_table=self.tables, packed=rows)
+        # both guarded paths may need the same transpose: one kernel serves them
+        built = next((k for k in self.kernels if getattr(k, "sym_name", None) == kernel.sym_name), None)
+        if built is not None:
+            assert built.is_structurally_equivalent(kernel), f"two different kernels named {name}"
+            kernel = built
         self._launch(name, kernel, operands, seq, ROWS_PER_PROGRAM, source, batch, rows)
         for i, buffer in partials.items():
             weight = pre[i].weight

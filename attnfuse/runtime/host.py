@@ -73,7 +73,11 @@ _INT_OPS: dict[type[Operation], Callable[..., int]] = {
     arith.MinSIOp: min,
     arith.SelectOp: lambda c, a, b: a if c else b,
 }
-"""Scalar host ops and their meaning on Python ints (`arith.cmpi` below)."""
+"""Scalar host ops and their meaning on Python ints (`arith.cmpi` below); `arith.select`
+also joins the tensors of two guarded paths."""
+
+_GUARDED = (AllocOp, LaunchOp, ConvertOp, ReduceSumOp)
+"""Host ops that may carry a `when` guard (see the `host` dialect)."""
 
 _CMPI: dict[int, Callable[[int, int], bool]] = {
     0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a < b,
@@ -260,6 +264,9 @@ class HostProgram:
         for op in self.ops:
             if isinstance(op, func.ReturnOp):
                 break
+            if isinstance(op, _GUARDED) and op.cond is not None and (
+                    bool(slots[self.slots[op.cond]]) == (op.unless is not None)):
+                continue  # a guarded op on the path this shape class does not take
             out = self.slots[op.results[0]] if op.results else -1
             step: Step | None = None
             if isinstance(op, DimOp):
@@ -289,8 +296,6 @@ class HostProgram:
                 slots[out] = self._tma_ready(op, slots, device)
                 static.add(out)
             elif isinstance(op, LaunchOp):
-                if op.cond is not None and bool(slots[self.slots[op.cond]]) == (op.unless is not None):
-                    continue  # a guarded launch this shape class does not take
                 step = self._launch_step(op, slots, static, kernels, device)
                 if op in self.cached_launches:
                     if step is not None:

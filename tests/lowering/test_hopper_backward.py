@@ -30,10 +30,13 @@ from attnfuse import reference
 from attnfuse.backends.gluon.sm90 import SHARED_MEMORY_LIMIT
 from attnfuse.dialects import tile_hopper as th
 from attnfuse.dialects.host import AllocOp, LaunchOp, TmaReadyOp
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import TensorType
 from attnfuse.dialects.attn import OnlineSoftmaxOp
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.pass_manager import make_context
 from attnfuse.program import find_functions
+from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.testing import assert_grad_close, make_inputs, with_dtype
 
 
@@ -52,9 +55,26 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     kernels = [k.sym_name.data for k in ops_of(module, th.KernelOp)]
     assert f"{name}_bwd_ws" in kernels
     launches = backward_launches(module)
-    guarded = [(k, unless) for k, g, unless in launches if g]
-    # the Gluon kernel when the shape class is served, the Triton dQ and dK/dV kernels otherwise
-    assert guarded == [(f"{name}_bwd_ws", False), (f"{name}_bwd_dq", True), (f"{name}_bwd_dkdv", True)]
+    hopper_path = [k for k, g, unless in launches if g and not unless]
+    triton_path = [k for k, g, unless in launches if g and unless]
+    # the Gluon kernel when the shape class is served, then the transposes of its f32
+    # gradients; the Triton dQ and dK/dV kernels otherwise (transposes only for a side
+    # whose pre-kernels their epilogues cannot undo)
+    assert hopper_path[0] == f"{name}_bwd_ws"
+    assert all(k.endswith("_prologue_transpose") for k in hopper_path[1:]), hopper_path
+    assert triton_path[:2] == [f"{name}_bwd_dq", f"{name}_bwd_dkdv"], triton_path
+    assert all(k.endswith("_prologue_transpose") for k in triton_path[2:]), triton_path
+    # every buffer of one path only is allocated on that path; select joins dQ, dK (and
+    # the QK-norm weights' gradients)
+    allocs = {op.result.name_hint: op for op in ops_of(module, AllocOp)}
+    assert allocs["d_v"].cond is None
+    (bwd,) = [op for op in module.walk() if getattr(op, "sym_name", None) is not None  # type: ignore[attr-defined]
+              and op.sym_name.data.endswith("_backward")]
+    selects = [op for op in bwd.walk() if isinstance(op, arith.SelectOp) and isinstance(op.result.type, TensorType)]
+    names = sorted(op.result.name_hint for op in selects)
+    assert {"d_q", "d_k"} <= set(names) and all(n in ("d_q", "d_k") or n.startswith("d_norm_w") for n in names)
+    returned = list(bwd.body.block.last_op.operands)  # type: ignore[attr-defined]
+    assert all(op.result in returned for op in selects)
     (ready,) = [op for op in ops_of(module, TmaReadyOp) if op.result.name_hint == "use_hopper_bwd"]
     assert ready.rows.value.data == 128
     # dQ is summed into an f32 buffer, zeroed unless `ordered` stores each tile's first
@@ -63,7 +83,8 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     lower_bound, upper_bound = online.plan.get_band()
     covered = lower_bound is None and (upper_bound is None or (
         not online.plan.is_bottom_right() and upper_bound >= 0))
-    (d_q,) = [op for op in ops_of(module, AllocOp) if op.result.name_hint in ("d_q_f32", "d_q_rotated")]
+    (d_q,) = [op for op in ops_of(module, AllocOp) if op.result.name_hint in ("d_q_f32", "d_q_rotated")
+              and op.cond is not None and op.unless is None]
     assert "f32" in str(d_q.result.type)
     assert (d_q.zero is None) == (mode == "ordered" and covered), (name, online.plan.get_band())
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
@@ -127,22 +148,34 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
                                                         ("window_ordered", 70, 70), ("alibi", 50, 50),
                                                         ("alibi_window", 40, 90)])
 def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) -> None:
-    """On the CPU the guard is false: the Triton kernels add into the f32 dQ buffer, whose
-    transposes (or cast) follow; the gradients match the float64 reference (f16: the
-    interpreter truncates bf16)."""
+    """On the CPU the guard is false: the Triton path runs, with its own buffers and RoPE
+    epilogues, the same kernels and the same bits as without the schedule (no f32 dQ
+    buffer, no transposes a Triton epilogue can do); the gradients match the float64
+    reference (f16: the interpreter truncates bf16)."""
     text = with_dtype(BACKWARD_ELIGIBLE[name][0], "f16")
-    fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=BACKWARD_ELIGIBLE[name][1]))
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, 1, q_len, kv_len, seed=3)
-    leaves = [t.clone().requires_grad_() for t in args]
-    out = fn(*leaves)
-    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(out.dtype)
-    out.backward(d_out)
+    d_out: torch.Tensor | None = None
+    grads, kernels = {}, {}
+    for mode in (BACKWARD_ELIGIBLE[name][1], "off"):
+        fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=mode))
+        leaves = [t.clone().requires_grad_() for t in args]
+        out = fn(*leaves)
+        if d_out is None:
+            d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(out.dtype)
+        out.backward(d_out)
+        grads[mode] = [leaf.grad for leaf in leaves]
+        kernels[mode] = sorted(step.meta.name for plan in fn._backward._plans.values() for step in plan.steps
+                               if isinstance(step, KernelLaunch))
+    mode = BACKWARD_ELIGIBLE[name][1]
+    assert kernels[mode] == kernels["off"]
+    assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["off"]))  # type: ignore[arg-type]
     refs = [t.double().requires_grad_() for t in args]
+    assert d_out is not None
     reference.run(text, *refs).backward(d_out.double())
-    for what, leaf, ref in zip("qkv", leaves, refs):
+    for what, got, ref in zip("qkv", grads[mode], refs):
         assert ref.grad is not None
-        assert_grad_close(leaf.grad, ref.grad, torch.float16, f"d{what}")
+        assert_grad_close(got, ref.grad, torch.float16, f"d{what}")
 
 
 def _walk(n: int, band: tuple[int | None, int | None], q_len: int, kv_len: int, bottom_right: bool) -> list[int]:
