@@ -217,7 +217,9 @@ class _Builder:
                 if isinstance(op, QKNormOp) and op.weight is not None:
                     store[i] = host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_norm_w_partial{i}")
 
-        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
+        # dV is one buffer that either path writes; without the Hopper path, the Triton path
+        # allocates it after its dQ and dK.
+        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v") if self.hopper else None
         block_map = kv_block_map = None
         if self.online.plan.has_runtime_block_map():
             for transposed in (False, True) if self.dkdv.block_map else (False,):
@@ -238,6 +240,7 @@ class _Builder:
         use_hopper: SSAValue | None = None
         if self.hopper:
             use_hopper = hopper_ready(host, [inputs["q"], d_out, inputs["k"], v, lse, delta])
+            assert d_v is not None
             with host.guarded(use_hopper):
                 paths.append(self._hopper_path(inputs, q, k, v, d_out, lse, delta, d_v, batch, q_len, kv_len, one,
                                                planned))
@@ -250,8 +253,9 @@ class _Builder:
                 block_m=self.block_m, block_n=self.block_n, rope_table=tables,
                 fold_scale=self.fold_scale, alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot,
             )
-            paths.append(self._triton_path(fwd_spec, grads, kv_block_map, d_out, lse, delta, d_v, q, k, batch,
-                                           q_len, kv_len))
+            triton_path, d_v = self._triton_path(fwd_spec, grads, kv_block_map, d_out, lse, delta, d_v, q, k, v,
+                                                 batch, q_len, kv_len)
+            paths.append(triton_path)
         d_q, d_k, side_weight_grads = paths[-1]
         if use_hopper is not None:
             (hq_, hk_, hw), (tq, tk, tw) = paths
@@ -304,15 +308,18 @@ class _Builder:
         return d_q, d_k, weight_grads
 
     def _triton_path(self, fwd_spec: ForwardSpec, grads: GradBuffers, kv_block_map: SSAValue | None,
-                     d_out: SSAValue, lse: SSAValue, delta: SSAValue, d_v: SSAValue, q: SSAValue, k: SSAValue,
-                     batch: SSAValue, q_len: SSAValue,
-                     kv_len: SSAValue) -> tuple[SSAValue, SSAValue, dict[int, SSAValue]]:
-        """(dQ, dK, norm weight gradients) of the Triton dQ and dK/dV kernels, which undo
-        whole-width RoPE pre-kernels in their epilogues (`rotate-in-epilogue`)."""
+                     d_out: SSAValue, lse: SSAValue, delta: SSAValue, d_v: SSAValue | None, q: SSAValue, k: SSAValue,
+                     v: SSAValue, batch: SSAValue, q_len: SSAValue,
+                     kv_len: SSAValue) -> tuple[tuple[SSAValue, SSAValue, dict[int, SSAValue]], SSAValue]:
+        """((dQ, dK, norm weight gradients), dV) of the Triton dQ and dK/dV kernels, which
+        undo whole-width RoPE pre-kernels in their epilogues (`rotate-in-epilogue`); dV
+        is allocated here unless given."""
         p = self.program
         epilogue = self._epilogue_ropes()
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
+        if d_v is None:
+            d_v = self.host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
         q_rows, k_rows = (fwd_spec.q, fwd_spec.out, lse, d_out, delta, d_q), (fwd_spec.k, fwd_spec.v, d_k, d_v)
         dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
         spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
@@ -329,7 +336,7 @@ class _Builder:
             d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
         if not epilogue["k"]:
             d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
-        return d_q, d_k, weight_grads
+        return (d_q, d_k, weight_grads), d_v
 
     def _launch(self, name: str, kernel: Operation, operands: list[SSAValue], length: SSAValue,
                 block: int, heads_of: SSAValue, batch: SSAValue, packed: PackedRows | None = None) -> None:

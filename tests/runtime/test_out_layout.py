@@ -67,7 +67,7 @@ def test_alloc_order_must_be_a_permutation() -> None:
     from attnfuse.dialects.host import AllocOp
 
     def alloc(order: list[int]) -> AllocOp:
-        return AllocOp.build(operands=[[]], result_types=[TensorType(f32, [2, 3, 4])],
+        return AllocOp.build(operands=[[], []], result_types=[TensorType(f32, [2, 3, 4])],
                              properties={"order": DenseArrayBase.from_list(i64, order)})
 
     assert alloc([1, 0, 2]).dim_order() == (1, 0, 2)
