@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import TensorType, f32
 from attnfuse.analysis.masks import effective_masks, plan_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.paging import paged_cache
-from attnfuse.dialects.attn import TilePlanAttr
+from attnfuse.dialects.attn import QKNormOp, RopeOp, TilePlanAttr
 from attnfuse.program import AttentionProgram
 
 FMA_SCORES_PER_THREAD = 8
@@ -100,3 +100,14 @@ def backward_block_sizes(program: AttentionProgram) -> tuple[int, int]:
     them at 0: 64 x 64, or 32 x 32 with FMA dots (f32: the dK/dV kernel's five dots at
     64 x 64 made ptxas spill 56 KiB per thread; 32 x 32 with 4 warps spills none)."""
     return (32, 32) if fma_dots(program) else (64, 64)
+
+
+def in_kernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
+    """The Q/K transforms applied inside the attention kernels (placement not `prekernel`)."""
+    return [t for t in transforms if t.str_option("placement") != "prekernel"]
+
+
+def prekernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
+    """The Q/K transforms applied by pre-kernels (placement `prekernel`)."""
+    return [t for t in transforms if t.str_option("placement") == "prekernel"]
+

@@ -52,8 +52,8 @@ from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.rope import rope_inverse_frequencies
-from attnfuse.analysis.tile_plan import default_num_warps
-from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
+from attnfuse.analysis.tile_plan import default_num_warps, in_kernel_transforms, prekernel_transforms
+from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.dialects.tile import DotOp
 from attnfuse.lowering.host_code import HostCode
@@ -93,14 +93,6 @@ def check_f32_dot(pass_name: str, value: str) -> None:
     """Reject an `f32-dot` option that `tile.dot` does not know."""
     if value not in DotOp.PRECISIONS:
         raise ValueError(f"{pass_name}: f32-dot must be one of {', '.join(DotOp.PRECISIONS)}, got {value!r}")
-
-
-def _in_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
-    return [t for t in transforms if t.str_option("placement") != "prekernel"]
-
-
-def _pre_kernel(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
-    return [t for t in transforms if t.str_option("placement") == "prekernel"]
 
 
 OUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
@@ -207,7 +199,7 @@ class LowerToTilePass(ModulePass):
         tables = RopeTables(host, fname, (q_len, kv_len), inv_freq) if self.rope_table else None
         q_in, k_in = q, k
         for side, source, seq, tag in ((program.q, q, q_len, "q"), (program.k, k, kv_len, "k")):
-            pre = _pre_kernel(side.transforms)
+            pre = prekernel_transforms(side.transforms)
             if not pre:
                 continue
             assert isinstance(source.type, TensorType)
@@ -246,12 +238,12 @@ class LowerToTilePass(ModulePass):
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
-            kv_len=kv_len, q_transforms=_in_kernel(program.q.transforms),
-            k_transforms=_in_kernel(program.k.transforms), planned_masks=planned,
+            kv_len=kv_len, q_transforms=in_kernel_transforms(program.q.transforms),
+            k_transforms=in_kernel_transforms(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
             num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data),
             num_stages=self.num_stages or pipeline_stages(
-                program, online, k_in_kernel=bool(_in_kernel(program.k.transforms))),
+                program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
             alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged,

@@ -103,7 +103,7 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(BACKWARD_INELIGIBLE))
 def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.LogCaptureFixture) -> None:
     text, pipe, reason = BACKWARD_INELIGIBLE[name]
-    with caplog.at_level(logging.DEBUG, logger="attnfuse.passes.lower_backward"):
+    with caplog.at_level(logging.DEBUG, logger="attnfuse.lowering.backward_host"):
         module = lower(text, pipe)
     assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert not any(g for _, g, _ in backward_launches(module))
