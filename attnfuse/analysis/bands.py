@@ -37,6 +37,11 @@ class Band:
 
         return Band(pick(self.lower, other.lower, max), pick(self.upper, other.upper, min), self.align)
 
+    def keeps_a_key_per_row(self) -> bool:
+        """Whether every query row keeps a key whatever the lengths: no lower bound, and no
+        upper bound or a top-left one that keeps the diagonal (query i keeps key 0)."""
+        return self.lower is None and (self.upper is None or (self.align == "top_left" and self.upper >= 0))
+
 
 def visited_kv_rows(band: Band, q_len: int, kv_len: int, block_m: int, block_n: int) -> int:
     """Key rows one (batch, head) loads over all its q blocks when each q block visits

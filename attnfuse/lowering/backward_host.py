@@ -18,11 +18,12 @@ from xdsl.dialects.builtin import DYNAMIC_INDEX, ArrayAttr, IntegerAttr, TensorT
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 
+from attnfuse.analysis.bands import Band
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.tile_plan import in_kernel_transforms, prekernel_transforms
-from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp
+from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp, TilePlanAttr
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
     BackwardSpec,
@@ -36,7 +37,6 @@ from attnfuse.lowering.forward import ForwardSpec
 from attnfuse.lowering.hopper_backward import BLOCK_M as HOPPER_BLOCK_M
 from attnfuse.lowering.hopper_backward import (
     HopperBackward,
-    covers_every_row,
     hopper_ready,
     lower_hopper_backward,
 )
@@ -276,7 +276,7 @@ class BackwardHost:
         p, host = self.program, self.host
         hq = p.heads[0]
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, False, accumulate=True,
-                                zero=not (self.ordered and covers_every_row(self.online.plan)))
+                                zero=not (self.ordered and _band(self.online.plan).keeps_a_key_per_row()))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, False)
         turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
                            {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
@@ -428,6 +428,10 @@ class BackwardHost:
         if grads.sinks is not None and self.online.sinks is not None:
             self._result(self._reduce(grads.sinks, [0, 2], self.arg(self.online.sinks).type, "d_sinks"),
                          p.arg(self.online.sinks))
+
+
+def _band(plan: TilePlanAttr) -> Band:
+    return Band(*plan.get_band(), plan.band_align.data)
 
 
 def _dim(ty: Attribute, i: int) -> int:

@@ -42,7 +42,6 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import tl_dtype
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp
-from attnfuse.dialects.attn_online import TilePlanAttr
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk
@@ -229,14 +228,6 @@ class HopperBackward(DeviceFunctions):
         return [*functions, kernel]
 
 
-def covers_every_row(plan: TilePlanAttr) -> bool:
-    """Whether every query row sees a key whatever the lengths (no band, or a top-left band
-    with no lower bound that keeps the diagonal): then every dQ tile has an adder, and
-    `ordered`, whose first adder stores its tile, needs no zeroed dQ buffer."""
-    lower, upper = plan.get_band()
-    return lower is None and (upper is None or (not plan.is_bottom_right() and upper >= 0))
-
-
 def _gl_dtype(ty: Attribute) -> str:
     return "gl." + tl_dtype(ty).removeprefix("tl.")
 
@@ -262,5 +253,5 @@ def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAV
     return ops
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "covers_every_row", "hopper_ready",
+__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "hopper_ready",
            "ineligible_reason", "lower_hopper_backward"]

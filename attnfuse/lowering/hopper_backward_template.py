@@ -280,14 +280,14 @@ def unordered(k: str) -> dict[str, str]:
             "dq_write": "        " + _REDUCE.format(k=k)}
 
 
-def ordered(k: str, sem: str, group: int, first_block: str = "0", batch: int = 1) -> dict[str, str]:
+def ordered(k: str, sem: str, group: int, first_block: str = "0", turn_batch: int = 1) -> dict[str, str]:
     """The lines of the ordered variant; `sem` is the counters' pointer argument
     ([B, Hq, Sq / 64, 2] int32, zeroed); `first_block`, an expression of `t_start`: the
     first key block whose walk holds the tile (the blocks adding into a tile are
-    consecutive), so block n's turn is n - first_block. The turns of `batch` consecutive
-    steps (heads of one q tile; `batch` divides `group`) pass together, after the next
+    consecutive), so block n's turn is n - first_block. The turns of `turn_batch`
+    consecutive steps (heads of one q tile; it divides `group`) pass together, after the next
     step's dK/dV products, so the reduces have that long to complete."""
-    assert group % batch == 0
+    assert group % turn_batch == 0
     tile = (f"batch * {sem}_stride0 + kv_head * {group} * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
             f" + WG * {sem}_stride3")
     return {
@@ -295,13 +295,13 @@ def ordered(k: str, sem: str, group: int, first_block: str = "0", batch: int = 1
         # at the step block n - 1 does (head-outer ascending walks wait 2 tiles per head)
         "head_of_it": f"it % {group}", "tile_of_it": f"tiles - 1 - it // {group}",
         "dq_init": "    prev_turns = 0",
-        "dq_pass": (f"        if (it > 0) & (it % {batch} == 0):\n"
-                    f"            {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {batch})"),
+        "dq_pass": (f"        if (it > 0) & (it % {turn_batch} == 0):\n"
+                    f"            {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {turn_batch})"),
         "dq_turn": (f"        tile_turn = {tile}\n        turn = n - ({first_block})\n"
                     f"        {k}_take_turn({sem} + tile_turn + (it % {group}) * {sem}_stride1, turn)"),
         "dq_write": ("        if turn == 0:  # the first adder: nothing to add to\n"
                      "            tma.async_copy_shared_to_global(dq_desc, [q_row, WG * DQW], my_dq)\n"
                      "        else:\n            " + _REDUCE.format(k=k)),
-        "dq_next": f"        prev_turns = tile_turn + (it % {group} // {batch} * {batch}) * {sem}_stride1",
-        "dq_last": f"    if tiles > 0:\n        {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {batch})",
+        "dq_next": f"        prev_turns = tile_turn + (it % {group} // {turn_batch} * {turn_batch}) * {sem}_stride1",
+        "dq_last": f"    if tiles > 0:\n        {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {turn_batch})",
     }
