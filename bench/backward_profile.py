@@ -7,8 +7,11 @@ pass's options, checks the gradients against the first configuration's, and reco
 * `fwd_bwd_ms`: forward + backward wall time (`triton.testing.do_bench`, median);
 * `kernels_us`: the GPU time of every kernel of one forward + backward, by kernel name
   (torch.profiler, averaged over --iters calls);
+* `bitwise_repeat`: whether a second call gives the same gradients bit for bit;
+* `vs_cudnn+rope`, `vs_flex+rope`: baseline time / this time;
 
-and the same kernel breakdown for SDPA cuDNN + torch.compile'd RoPE in the same process.
+and the same for SDPA cuDNN and flex_attention, each with torch.compile'd RoPE, in the
+same process.
 
     python bench/backward_profile.py --out DIR [--seqs 2048,8192] [--configs 'a;b;...']
 """
@@ -32,6 +35,8 @@ from run_all import Baselines, inputs
 
 CONFIGS = (
     "",
+    "hopper-backward=ordered",
+    "hopper-backward=unordered",
     "dkdv-num-warps=8",
     "block-m=32 block-n=64 num-warps=8",
     "block-m=32 block-n=128 num-warps=8",
@@ -89,27 +94,38 @@ def main() -> None:
                 fn(q, k, v).backward(g)
             return run
 
+        def grads() -> list[torch.Tensor]:
+            return [t.grad.float().clone() for t in (q, k, v)]  # type: ignore[union-attr]
+
         ref_grads: list[torch.Tensor] | None = None
-        row: dict[str, Any] = {"seq": seq, "config": "cudnn+rope"}
-        row["fwd_bwd_ms"] = float(triton.testing.do_bench(step(cudnn), warmup=25, rep=200))
-        row["kernels_us"] = kernel_times(step(cudnn), args.iters)
-        rows.append(row)
-        print(json.dumps({k2: row[k2] for k2 in ("seq", "config", "fwd_bwd_ms")}), flush=True)
-        for options in configs:
-            row = {"seq": seq, "config": options}
+        baselines: dict[str, float] = {}
+        candidates: list[tuple[str, Callable[[], Any]]] = [
+            ("cudnn+rope", lambda: cudnn), ("flex+rope", lambda: base.flex_rope),
+            *((options, lambda options=options: attnfuse.compile(examples.path("llama3"),
+                                                                  pipeline=pipeline_with(options)))
+              for options in configs)]
+        for config, make in candidates:
+            row: dict[str, Any] = {"seq": seq, "config": config}
             try:
-                fn = attnfuse.compile(examples.path("llama3"), pipeline=pipeline_with(options))
-                step(fn)()
-                grads = [t.grad.float() for t in (q, k, v)]  # type: ignore[union-attr]
-                if ref_grads is None:
-                    ref_grads = grads
-                row["max_grad_diff_vs_first"] = [float((a - b).abs().max()) for a, b in zip(grads, ref_grads)]
-                row["fwd_bwd_ms"] = float(triton.testing.do_bench(step(fn), warmup=25, rep=200))
-                row["kernels_us"] = kernel_times(step(fn), args.iters)
+                run = step(make())
+                run()
+                first = grads()
+                run()
+                row["bitwise_repeat"] = all(torch.equal(a, b) for a, b in zip(first, grads()))
+                if config not in ("cudnn+rope", "flex+rope"):
+                    ref_grads = ref_grads or first
+                    row["max_grad_diff_vs_first"] = [float((a - b).abs().max()) for a, b in zip(first, ref_grads)]
+                row["fwd_bwd_ms"] = float(triton.testing.do_bench(run, warmup=25, rep=200))
+                row["kernels_us"] = kernel_times(run, args.iters)
+                if config in ("cudnn+rope", "flex+rope"):
+                    baselines[config] = row["fwd_bwd_ms"]
+                else:
+                    row.update({f"vs_{b}": ms / row["fwd_bwd_ms"] for b, ms in baselines.items()})
             except Exception as err:  # noqa: BLE001 - a config that does not fit is a result
                 row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             rows.append(row)
-            print(json.dumps({k2: row.get(k2) for k2 in ("seq", "config", "fwd_bwd_ms", "error")}), flush=True)
+            print(json.dumps({k2: row.get(k2) for k2 in ("seq", "config", "fwd_bwd_ms", "vs_cudnn+rope",
+                                                          "vs_flex+rope", "error")}), flush=True)
             (args.out / "backward_profile.json").write_text(json.dumps(rows, indent=1))
         del q, k, v, g
         torch.cuda.empty_cache()

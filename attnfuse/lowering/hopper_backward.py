@@ -67,14 +67,9 @@ of 16 pairs 1328 / 4908, of 8 pairs 1310 / 4827, one pair at a time 1440 / 5226 
 longest walks of the last pairs then start late)."""
 STAGES = 2
 """Depth of the Q / dO ring (198 KB of shared memory at D = 128; 3 measured no faster, run 18)."""
-TURN_BATCH = 4
-"""`ordered`: the dQ turns of this many consecutive steps (heads of one q tile) pass with
-one release fence (gcd with the group size: 1 for MHA). Measured (H200, Llama-3-8B,
-group 4, kernel us at S = 2048 / 16384): 1842 / 13478 passing every step, 1750 / 13304
-in pairs, 1687 / 12489 four at a time; `unordered` 1423 / 11529."""
 MAXNREG = 168
 """Register cap of the launch, as the forward's: setmaxnreg then gives 240 registers to
-each consumer warpgroup and 24 to the producer."""
+each consumer warpgroup and 24 to the producer and the two dQ writers."""
 HEAD_DIMS = (64, 128)
 HOPPER_BACKWARD_MODES = ("off", "ordered", "unordered")
 """Values of `lower-backward{hopper-backward}`."""
@@ -209,8 +204,7 @@ class HopperBackward(DeviceFunctions):
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
             dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
-            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk, self._first_block(),
-                       math.gcd(TURN_BATCH, self.hq // self.hk))
+            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk, self._first_block())
                if self.turns_arg is not None else unordered(self.name)),
         )
         d = self.head_dim

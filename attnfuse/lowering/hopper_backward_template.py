@@ -13,18 +13,18 @@ group and head dims 64 and 128. One CTA owns 128 keys of one (batch, kv head):
   S^T = K Q^T and dP^T = V dO^T (async wgmma), P^T = exp2(c S^T - lse2) with the
   planned masks on the tiles that need them, dS^T = P^T (dP^T - delta), dV += P^T dO,
   dK += dS^T Q, and the share dQ[:, 64w:] of dQ = dS K from both warpgroups' dS^T
-  (handed over in shared memory), added into the f32 dQ buffer with
-  `cp.reduce.async.bulk.tensor.add` (the reduction order across CTAs is not fixed:
-  results are not bitwise deterministic);
+  (handed over in shared memory);
+* per consumer warpgroup a 1-warp dQ writer adds that share into the f32 dQ buffer with
+  `cp.reduce.async.bulk.tensor.add` (in unordered mode the order of the adds across CTAs
+  is not fixed: results are not bitwise deterministic) and frees the shared staging
+  buffer once the TMA unit has read it, so the consumers never wait on global memory;
 * the epilogue stores dK * scale and dV from registers.
 
 Ordered (the deterministic variant, `ordered(...)`): the key blocks that add into a dQ
-tile do so in block order, FlashAttention-3's deterministic mode. A per-(tile, column
-half) counter in global memory says how many have added; block n waits until it reads
-n - first (`take_turn`, an acquire) and, once its reduces are complete (a
-`cp.async.bulk.wait_group 0`, checked after the next step's dK/dV products so the
-reduce overlaps them), releases the next (`pass_turns`: one thread's
-`fence.acq_rel.gpu` and relaxed `red`s, for a batch of steps at once).
+tile do so in block order, FlashAttention-3's deterministic mode. A per-(tile, head,
+column half) counter in global memory says how many have added; block n's writer waits
+until it reads n - first (`take_turn`, an acquire), adds, and once the add is complete
+releases the next (`pass_turn`: one thread's `fence.acq_rel.gpu` and a relaxed `red`).
 The first adder stores its tile instead of adding it, so the dQ buffer needs no
 zeroing where every tile has an adder. The blocks adding into a tile are consecutive
 (block 0 on for bands without a lower bound; for a sliding window the first is where
@@ -63,23 +63,19 @@ def ${k}_reduce_complete():
 
 
 @gluon.jit
-def ${k}_pass_turns(sem, stride, COUNT: gl.constexpr):
-    """The reduces of this warpgroup's previous COUNT (q tile, head)s, heads of one tile,
-    are done: the next key block may add into them (counters at sem + h * stride). One
-    thread releases them, with one `fence.acq_rel.gpu` and a relaxed `red` per head: a
-    release per (tile, head), by Triton's scalar `atomic_add` or a `red.release`, cost
-    a quarter of the kernel (H200, Llama-3-8B)."""
+def ${k}_pass_turn(sem):
+    """This warp's dQ add is complete: the next key block may add into the tile (counter
+    at `sem`). One thread releases it with a `fence.acq_rel.gpu` and a relaxed `red` (a
+    `red.release`, or a release by the consumers after every step, cost a quarter of the
+    kernel: H200, Llama-3-8B); its predicate comes from a thread-index tensor, since a
+    `red` predicated on %tid.x inside the PTX made ptxas spill the consumers' registers."""
     ${k}_reduce_complete()
-    gl.thread_barrier()
     lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     first = (gl.arange(0, 32 * gl.num_warps(), layout=lanes) == 0).to(gl.int32)
     gl.inline_asm_elementwise(
-        "{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, $$1, 0;\\n\\t@p fence.acq_rel.gpu;\\n\\t}\\n\\tmov.u32 $$0, 0;",
-        "=r,r", [first], dtype=gl.int32, is_pure=False, pack=1)
-    for h in gl.static_range(COUNT):
-        gl.inline_asm_elementwise(
-            "{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, $$2, 0;\\n\\t@p red.relaxed.gpu.global.add.u32 [$$1], 1;\\n\\t}\\n\\t"
-            "mov.u32 $$0, 0;", "=r,l,r", [sem + h * stride, first], dtype=gl.int32, is_pure=False, pack=1)
+        "{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, $$2, 0;\\n\\t@p fence.acq_rel.gpu;\\n\\t"
+        "@p red.relaxed.gpu.global.add.u32 [$$1], 1;\\n\\t}\\n\\tmov.u32 $$0, 0;",
+        "=r,l,r", [sem, first], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -134,7 +130,7 @@ def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
 
 @gluon.jit
 def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                  kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, WG: gl.constexpr):
+                  kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, dq_full, dq_empty, $args, WG: gl.constexpr):
     """Consumer warpgroup WG: keys [64 WG, 64 WG + 64) of the block."""
     BM: gl.constexpr = q_smem.shape[1]
     D: gl.constexpr = q_smem.shape[2]
@@ -166,7 +162,6 @@ def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
     dk = gl.zeros([KW, D], gl.float32, acc_layout)
 
     mbarrier.wait(kv_bar, 0)
-$dq_init
     for it in range($group * tiles):
         st = it % $stages
         ph = (it // $stages) & 1
@@ -201,18 +196,15 @@ $mask_step
         dk_tok = warpgroup_mma(ds_mine, q_t, dk, is_async=True)
         dv, dk, p16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16])
         mbarrier.arrive(empty.index(st))
-$dq_pass
         mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
         dq_tok = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=[dq_tok])
         mbarrier.arrive(ds_free.index(buf))
-$dq_turn
+        mbarrier.wait(dq_empty.index(WG), (it & 1) ^ 1)  # the writer has read my_dq
         my_dq.store(dq * $scale)
         fence_async_shared()
-$dq_write
-$dq_next
+        mbarrier.arrive(dq_full.index(WG))
 
-$dq_last
     # epilogue: dK * scale and dV of this warpgroup's keys, from registers
     out_keys = key0 + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
     out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -220,7 +212,27 @@ $dq_last
     gl.store($dk + dk_base + out_keys[:, None] * $dk_s2 + out_cols[None, :] * $dk_s3, (dk * $scale).to($dk_dtype))
     dv_base = batch.to(gl.int64) * $dv_s0 + kv_head.to(gl.int64) * $dv_s1
     gl.store($dv + dv_base + out_keys[:, None] * $dv_s2 + out_cols[None, :] * $dv_s3, dv.to($dv_dtype))
-    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $args, WG: gl.constexpr):
+    """1 warp: the dQ share of consumer warpgroup WG, step by step: wait for it in shared
+    memory, add it into the f32 buffer (ordered: in its turn), free the staging buffer
+    once the TMA unit has read it."""
+    BM: gl.constexpr = dq_smem.shape[1]
+    DQW: gl.constexpr = dq_desc.block_type.shape[1]
+    batch, kv_head, n = ${k}_coords()
+    q_lo, tiles, full_lo, full_hi = $range_fn(n * 2 * BM, batch, kv_head, $args)  # BN = 2 BM
+    my_dq = dq_smem.index(WG)
+    for it in range($group * tiles):
+        head = kv_head * $group + $head_of_it
+        t_start = q_lo + ($tile_of_it) * BM
+        q_row = (batch * $hq + head) * $q_len + t_start
+        mbarrier.wait(dq_full.index(WG), it & 1)
+$dq_write
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(dq_empty.index(WG))
+$dq_release
 
 
 def __kernel__():
@@ -229,6 +241,7 @@ def __kernel__():
     D: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(BN == 128)
+    gl.static_assert(BN == 2 * BM)  # the dQ writer's key block
     gl.static_assert(D == 2 * dq_desc.block_type.shape[1])
     q_smem = gl.allocate_shared_memory(dtype, [$stages, BM, D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [$stages, BM, D], do_desc.layout)
@@ -245,6 +258,8 @@ def __kernel__():
     empty = gl.allocate_shared_memory(gl.int64, [$stages, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range($stages):
         mbarrier.init(q_ready.index(i), count=1)
@@ -253,21 +268,25 @@ def __kernel__():
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
         mbarrier.init(ds_free.index(i), count=2)
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
     gl.warp_specialize([
         (${k}_consumer, (dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, 0)),
+                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, dq_full, dq_empty, $args, 0)),
         (${k}_consumer, (dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, $args, 1)),
+                         kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, dq_full, dq_empty, $args, 1)),
         (${k}_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                          lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args)),
-    ], [4, 1], [240, 24])
+        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $args, 0)),
+        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $args, 1)),
+    ], [4, 1, 1, 1], [240, 24, 24, 24])
 ''')
 """Substitutions: k (name prefix), hq, hk, group, chunk, stages, scale, c (scale * log2 e), args,
 range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
-dk_dtype, dv_dtype (Gluon dtypes of the stores), and the walk's order and the lines of
-the dQ reduction's order (head_of_it, tile_of_it, dq_init / dq_pass / dq_turn /
-dq_write / dq_next / dq_last): `unordered(k)` or `ordered(...)`."""
+dk_dtype, dv_dtype (Gluon dtypes of the stores), and the walk's order and the dQ
+writer's lines (head_of_it, tile_of_it, dq_write, dq_release): `unordered(k)` or
+`ordered(...)`."""
 
 _REDUCE = "{k}_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)"
 
@@ -275,33 +294,24 @@ _REDUCE = "{k}_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)"
 def unordered(k: str) -> dict[str, str]:
     """The lines of the unordered variant: walks head by head, up the q tiles."""
     return {"head_of_it": "it // tiles", "tile_of_it": "it % tiles",
-            "dq_init": "", "dq_pass": "", "dq_next": "", "dq_last": "",
-            "dq_turn": "        tma.store_wait(pendings=0)  # the previous tile's reduce has read my_dq",
-            "dq_write": "        " + _REDUCE.format(k=k)}
+            "dq_write": "        " + _REDUCE.format(k=k), "dq_release": ""}
 
 
-def ordered(k: str, sem: str, group: int, first_block: str = "0", turn_batch: int = 1) -> dict[str, str]:
+def ordered(k: str, sem: str, group: int, first_block: str = "0") -> dict[str, str]:
     """The lines of the ordered variant; `sem` is the counters' pointer argument
     ([B, Hq, Sq / 64, 2] int32, zeroed); `first_block`, an expression of `t_start`: the
     first key block whose walk holds the tile (the blocks adding into a tile are
-    consecutive), so block n's turn is n - first_block. The turns of `turn_batch`
-    consecutive steps (heads of one q tile; it divides `group`) pass together, after the next
-    step's dK/dV products, so the reduces have that long to complete."""
-    assert group % turn_batch == 0
-    tile = (f"batch * {sem}_stride0 + kv_head * {group} * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
+    consecutive), so block n's turn is n - first_block."""
+    turn = (f"{sem} + batch * {sem}_stride0 + head * {sem}_stride1 + (t_start // BM) * {sem}_stride2"
             f" + WG * {sem}_stride3")
     return {
         # last tile first, the heads of the group inner: block n reaches each (tile, head)
         # at the step block n - 1 does (head-outer ascending walks wait 2 tiles per head)
         "head_of_it": f"it % {group}", "tile_of_it": f"tiles - 1 - it // {group}",
-        "dq_init": "    prev_turns = 0",
-        "dq_pass": (f"        if (it > 0) & (it % {turn_batch} == 0):\n"
-                    f"            {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {turn_batch})"),
-        "dq_turn": (f"        tile_turn = {tile}\n        turn = n - ({first_block})\n"
-                    f"        {k}_take_turn({sem} + tile_turn + (it % {group}) * {sem}_stride1, turn)"),
-        "dq_write": ("        if turn == 0:  # the first adder: nothing to add to\n"
+        "dq_write": (f"        tile_turn = {turn}\n        turn = n - ({first_block})\n"
+                     f"        {k}_take_turn(tile_turn, turn)\n"
+                     "        if turn == 0:  # the first adder: nothing to add to\n"
                      "            tma.async_copy_shared_to_global(dq_desc, [q_row, WG * DQW], my_dq)\n"
                      "        else:\n            " + _REDUCE.format(k=k)),
-        "dq_next": f"        prev_turns = tile_turn + (it % {group} // {turn_batch} * {turn_batch}) * {sem}_stride1",
-        "dq_last": f"    if tiles > 0:\n        {k}_pass_turns({sem} + prev_turns, {sem}_stride1, {turn_batch})",
+        "dq_release": f"        {k}_pass_turn(tile_turn)",
     }
