@@ -487,7 +487,7 @@ class AttnfuseOptMain(xDSLOptMain):
         target = get_target(self.args.device)
         reports = []
         for function in find_functions(module):
-            shape = shape_of(analyze(function), self.args.seq_len, self.args.batch)
+            shape = shape_of(analyze(function), self.args.seq_len, self.args.batch, target=target)
             reports.append(cost_report(function.sym_name.data, shape, target))
         return "".join(reports)
 

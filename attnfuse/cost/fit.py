@@ -2,9 +2,9 @@
 
 The measurements are the rows of a ``bench/run_all.py`` JSON file (docs/bench/): per
 sequence length, the time of each placement. :func:`fit` solves a weighted linear
-least-squares problem for the two constants that enter the model linearly,
-:data:`~attnfuse.cost.model.ROTATION_EXPOSURE` and 1 /
-:data:`~attnfuse.cost.model.PREKERNEL_EFFICIENCY`, on the measured differences
+least-squares problem for the two constants that enter the model linearly (a
+:class:`~attnfuse.cost.model.KernelConstants`: the rotation exposure and 1 / the
+pre-kernel efficiency of the forward kernel the cases ran), on the measured differences
 ``t(fused) - t(hybrid)`` and ``t(separate) - t(hybrid)`` (the attention itself cancels),
 each weighted by 1 / t(hybrid).
 """
@@ -18,13 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from attnfuse.cost import model
-from attnfuse.cost.model import PLACEMENTS, AttentionShape, added_work, rotation_seconds
+from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, added_work, rotation_seconds
 from attnfuse.cost.target import Target
 
-__all__ = ["Case", "Fit", "Score", "fit", "load_cases", "score"]
+__all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "score"]
 
 LLAMA3_8B = AttentionShape(batch=1, q_heads=32, kv_heads=8, seq_len=2048, head_dim=128)
-"""The benchmarked program (examples/llama3.attn): GQA 32/8, head dim 128, bf16, causal."""
+"""The benchmarked program (examples/llama3.attn): GQA 32/8, head dim 128, bf16, causal,
+on the Triton forward kernel (runs up to 15)."""
+LLAMA3_8B_HOPPER = AttentionShape(batch=1, q_heads=32, kv_heads=8, seq_len=2048, head_dim=128, hopper=True,
+                                  fused_block_m=HOPPER_FUSED_TILES[0], fused_block_n=HOPPER_FUSED_TILES[1])
+"""The same on sm_90's warp-specialized Gluon forward (runs 16 on)."""
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,16 @@ Every placement runs the same attention; they differ in the work they add
 * ``fused``: Q as in ``hybrid``, and each K tile rotated in the kernel once per q block
   that visits it (``gqa_pack`` query heads sharing one program share the rotation).
 
-A pre-kernel costs its bytes over :data:`PREKERNEL_EFFICIENCY` times the target's
-bandwidth, plus :data:`LAUNCH_S`. An element rotated in the kernel costs
-:func:`rotation_seconds` (FP32 vector work, a shared-memory round trip and the
-cos/sin table read from L2) times :data:`ROTATION_EXPOSURE`, the part that nothing
-overlaps. The two fitted constants come from the H200 sweep of run 14
-(:mod:`attnfuse.cost.fit`); :data:`LAUNCH_S` is an assumption (on that sweep, whose
-batch x sequence is fixed, it cannot be told apart from the pre-kernel bandwidth).
+A pre-kernel costs its bytes over a fitted efficiency times the target's bandwidth,
+plus :data:`LAUNCH_S`. An element rotated in the kernel costs :func:`rotation_seconds`
+(FP32 vector work, a shared-memory round trip and the cos/sin table read from L2)
+times a fitted exposure, the part that nothing overlaps. The two constants belong to
+the forward kernel that runs (:class:`KernelConstants`): :data:`TRITON`, fitted to the
+Triton kernel on the H200 sweep of run 14, and :data:`HOPPER`, fitted to sm_90's
+warp-specialized Gluon schedule (run 20), whose producer warpgroup rotates K beside
+the consumers' matmuls (:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption
+(on those sweeps, whose batch x sequence is fixed, it cannot be told apart from the
+pre-kernel bandwidth).
 The cos/sin table is built once per shape class, so it is reported, not charged per call.
 """
 
@@ -27,11 +30,13 @@ from attnfuse.analysis.bands import Band
 from attnfuse.cost.target import Target
 
 __all__ = [
+    "HOPPER",
+    "HOPPER_FUSED_TILES",
     "LAUNCH_S",
     "PLACEMENTS",
-    "PREKERNEL_EFFICIENCY",
-    "ROTATION_EXPOSURE",
+    "TRITON",
     "AttentionShape",
+    "KernelConstants",
     "Work",
     "added_work",
     "Prediction",
@@ -46,10 +51,26 @@ __all__ = [
 
 PLACEMENTS = ("fused", "hybrid", "separate")
 
-ROTATION_EXPOSURE = 2.234
-"""Fitted (run 14, H200): exposed in-kernel rotation time / :func:`rotation_seconds`."""
-PREKERNEL_EFFICIENCY = 0.545
-"""Fitted (run 14, H200): a pre-kernel's achieved fraction of the target's bandwidth."""
+
+
+@dataclass(frozen=True)
+class KernelConstants:
+    """The fitted constants of one forward kernel family."""
+
+    rotation_exposure: float
+    """Exposed in-kernel rotation time / :func:`rotation_seconds`."""
+    prekernel_efficiency: float
+    """A pre-kernel's achieved fraction of the target's bandwidth."""
+
+
+TRITON = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545)
+"""Fitted to the Triton forward kernel (run 14, H200, 14 cases)."""
+HOPPER = KernelConstants(rotation_exposure=0.807, prekernel_efficiency=0.793)
+"""Fitted to the sm_90 warp-specialized Gluon forward (run 20, H200, 4 cases, forward
+only): less than one, so part of the producer's K rotation hides behind the matmuls."""
+HOPPER_FUSED_TILES = (128, 128)
+"""(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
+work item is 128 q rows of one head; its producer rotates each 128-key tile once."""
 LAUNCH_S = 3e-6
 """Assumed GPU-side cost of one extra dependent kernel launch, seconds (not fitted)."""
 
@@ -81,7 +102,10 @@ class AttentionShape:
     fused_block_m: int = 256
     fused_block_n: int = 64
     """The tiles of a kernel that transforms K itself (`fused`): mask-tiling gives it
-    taller q blocks (`default_block_sizes`), which halves its K visits."""
+    taller q blocks (`default_block_sizes`), which halves its K visits;
+    :data:`HOPPER_FUSED_TILES` for the Gluon forward."""
+    hopper: bool = False
+    """The forward runs sm_90's warp-specialized Gluon schedule (constants :data:`HOPPER`)."""
 
     def __post_init__(self) -> None:
         for what in ("batch", "q_heads", "kv_heads", "seq_len", "head_dim", "block_m", "block_n", "gqa_pack",
@@ -92,6 +116,11 @@ class AttentionShape:
             raise ValueError(f"q_heads {self.q_heads} is not a multiple of kv_heads {self.kv_heads}")
         if self.dtype not in _BYTES:
             raise ValueError(f"dtype must be one of {', '.join(_BYTES)}, got {self.dtype}")
+
+    @property
+    def constants(self) -> KernelConstants:
+        """The fitted constants of the forward kernel this shape runs."""
+        return HOPPER if self.hopper else TRITON
 
     @property
     def group(self) -> int:
@@ -180,8 +209,9 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
 
 def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
     """(pre-kernel seconds, exposed in-kernel rotation seconds) of ``work``."""
-    pre = work.prekernel_bytes / (PREKERNEL_EFFICIENCY * target.bandwidth()) + work.launches * LAUNCH_S
-    rotation = ROTATION_EXPOSURE * rotation_seconds(target, shape.dtype) * work.rotated_elements
+    k = shape.constants
+    pre = work.prekernel_bytes / (k.prekernel_efficiency * target.bandwidth()) + work.launches * LAUNCH_S
+    rotation = k.rotation_exposure * rotation_seconds(target, shape.dtype) * work.rotated_elements
     return pre, rotation
 
 
@@ -246,8 +276,8 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     if not shape.causal or shape.window is not None:
         raise ValueError("the closed form covers causal masks without a window")
     n, d, hq, hkv = shape.batch * shape.seq_len, shape.head_dim, shape.q_heads, shape.kv_heads
-    c = ROTATION_EXPOSURE * rotation_seconds(target, shape.dtype)
-    bw = PREKERNEL_EFFICIENCY * target.bandwidth()
+    c = shape.constants.rotation_exposure * rotation_seconds(target, shape.dtype)
+    bw = shape.constants.prekernel_efficiency * target.bandwidth()
     pre = 2 * hkv * shape.elem_bytes / bw + LAUNCH_S / (n * d)
     if b == "separate":
         pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c * hq

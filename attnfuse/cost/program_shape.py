@@ -2,7 +2,9 @@
 
 Heads, head dim and dtype come from the program's types; the mask from its
 ``attn.mask`` ops (causal, or a sliding window looking back); sequence length and
-batch, which programs leave dynamic, from the caller.
+batch, which programs leave dynamic, from the caller; which forward kernel runs from
+the target: on a warp-specialized one (sm_90) the Gluon schedule, where the dtype and
+head dims allow it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Tensor
 
 from attnfuse.analysis.masks import mask_band
 from attnfuse.analysis.tile_plan import default_block_sizes
-from attnfuse.cost.model import AttentionShape
+from attnfuse.cost.model import HOPPER_FUSED_TILES, AttentionShape
+from attnfuse.cost.target import Target
 from attnfuse.dialects.attn import MaskOp
+from attnfuse.lowering.hopper_forward import HEAD_DIMS as HOPPER_HEAD_DIMS
 from attnfuse.program import AttentionProgram
 
 __all__ = ["BENCH_TOKENS", "DEFAULT_SEQ_LEN", "shape_of"]
@@ -42,10 +46,14 @@ def _mask(program: AttentionProgram) -> tuple[bool, int | None]:
 
 
 def shape_of(
-    program: AttentionProgram, seq_len: int = 0, batch: int = 0, *, block_m: int = 128, block_n: int = 0
+    program: AttentionProgram, seq_len: int = 0, batch: int = 0, *, block_m: int = 128, block_n: int = 0,
+    target: Target | None = None,
 ) -> AttentionShape:
     """The shape of ``program`` at ``seq_len`` (0: the program's static S, else
-    :data:`DEFAULT_SEQ_LEN`) and ``batch`` (0: :data:`BENCH_TOKENS` / S, at least 1)."""
+    :data:`DEFAULT_SEQ_LEN`) and ``batch`` (0: :data:`BENCH_TOKENS` / S, at least 1) on
+    ``target``. On a warp-specialized target a bf16 / f16 program with head dim 64 or 128
+    counts as running the Gluon forward (its other conditions, e.g. no runtime block map,
+    sinks or dropout, are not checked here)."""
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
     dims = q_type.get_shape()
@@ -54,6 +62,11 @@ def shape_of(
         seq_len = dims[2] if dims[2] > 0 else DEFAULT_SEQ_LEN
     dtype = next((name for kind, name in _DTYPES if isinstance(q_type.element_type, kind)), "f32")
     causal, window = _mask(program)
+    v_type = program.func.args[program.v_arg].type
+    assert isinstance(v_type, TensorType)
+    hopper = (target is not None and target.warp_specialized and dtype in ("bf16", "f16")
+              and dims[3] in HOPPER_HEAD_DIMS and v_type.get_shape()[3] == dims[3])
+    fused_m, fused_n = HOPPER_FUSED_TILES if hopper else default_block_sizes(program, k_in_kernel=True)
     return AttentionShape(
         batch=batch or max(1, BENCH_TOKENS // seq_len),
         q_heads=hq,
@@ -65,6 +78,7 @@ def shape_of(
         window=window,
         block_m=block_m,
         block_n=block_n or default_block_sizes(program, k_in_kernel=False)[1],
-        fused_block_m=default_block_sizes(program, k_in_kernel=True)[0],
-        fused_block_n=default_block_sizes(program, k_in_kernel=True)[1],
+        fused_block_m=fused_m,
+        fused_block_n=fused_n,
+        hopper=hopper,
     )

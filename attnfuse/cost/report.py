@@ -26,7 +26,8 @@ def cost_report(name: str, shape: AttentionShape, target: Target) -> str:
     lines = [
         f"// cost report: @{name} on {target.name}: B={shape.batch} Hq={shape.q_heads} "
         f"Hkv={shape.kv_heads} S={shape.seq_len} D={shape.head_dim} {shape.dtype} {mask} "
-        f"tiles {shape.block_m}x{shape.block_n} (fused {shape.fused_block_m}x{shape.fused_block_n})",
+        f"tiles {shape.block_m}x{shape.block_n} (fused {shape.fused_block_m}x{shape.fused_block_n}), "
+        f"{'the sm_90 Gluon' if shape.hopper else 'the Triton'} forward kernel's constants",
         "//   placement   fwd us (added)   fwd+bwd us (added)",
     ]
     for p in PLACEMENTS:

@@ -47,6 +47,10 @@ class Target:
     """Shared-memory bandwidth of the whole chip, bytes/s."""
     regs_per_sm: int
     """32-bit registers per SM."""
+    warp_specialized: bool = False
+    """The sm_90 warp-specialized Gluon schedules (`lower-to-tile{hopper-forward}`) run
+    on it (compute capability 9.x): its forward placements are predicted with the
+    constants fitted to them (`attnfuse.cost.model.HOPPER`)."""
     measured_tensor_flops: float | None = None
     """bf16 dense matmul FLOP/s measured on this project's machine, if any."""
     measured_hbm_bw: float | None = None
@@ -76,7 +80,7 @@ class Target:
 
 def _nv(
     name: str, sms: int, clock_ghz: float, bf16: float, f32_tc: float, f32: float,
-    hbm: float, l2_mb: int, l2_bw: float, smem_kb: int, **measured: float,
+    hbm: float, l2_mb: int, l2_bw: float, smem_kb: int, warp_specialized: bool = False, **measured: float,
 ) -> Target:
     """An NVIDIA target: 16 MUFU results and 128 shared-memory bytes per SM per clock."""
     clock = clock_ghz * G
@@ -85,7 +89,7 @@ def _nv(
         tensor_flops=(("bf16", bf16 * T), ("f16", bf16 * T), ("f32", f32_tc * T)),
         vector_f32_flops=f32 * T, sfu_ops=16 * sms * clock, hbm_bw=hbm * G,
         l2_bytes=l2_mb << 20, l2_bw=l2_bw * T, smem_per_sm=smem_kb << 10,
-        smem_bw=128 * sms * clock, regs_per_sm=65536, **measured,
+        smem_bw=128 * sms * clock, regs_per_sm=65536, warp_specialized=warp_specialized, **measured,
     )
 
 
@@ -93,8 +97,8 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         _nv("a100", 108, 1.41, 312, 156, 19.5, 2039, 40, 5.0, 164),
-        _nv("h100-sxm", 132, 1.98, 989.4, 494.7, 66.9, 3350, 50, 10.0, 228),
-        _nv("h200", 132, 1.98, 989.4, 494.7, 66.9, 4800, 50, 10.0, 228,
+        _nv("h100-sxm", 132, 1.98, 989.4, 494.7, 66.9, 3350, 50, 10.0, 228, warp_specialized=True),
+        _nv("h200", 132, 1.98, 989.4, 494.7, 66.9, 4800, 50, 10.0, 228, warp_specialized=True,
             measured_tensor_flops=790 * T, measured_hbm_bw=4300 * G),
         _nv("b200", 148, 1.965, 2250, 1100, 80, 8000, 126, 20.0, 228),
         _nv("rtx3090", 82, 1.695, 71, 35.6, 35.6, 936, 6, 2.5, 100),
@@ -133,8 +137,9 @@ _INDEX = {_key(n): n for n in TARGETS} | {_key(a): n for a, n in _ALIASES.items(
 def target_from_profile(profile: dict[str, Any], where: str = "profile") -> Target:
     """A target from a profile written by ``attnfuse-calibrate`` (JSON with
     :class:`Target`'s fields, ``tensor_flops`` a mapping from dtype to FLOP/s; its
-    figures are measured, so they also fill the measured overrides)."""
-    required = [f.name for f in fields(Target) if not f.name.startswith("measured_")]
+    figures are measured, so they also fill the measured overrides; ``warp_specialized``
+    is optional, false if absent)."""
+    required = [f.name for f in fields(Target) if not f.name.startswith("measured_") and f.name != "warp_specialized"]
     missing = [name for name in required if name not in profile]
     if missing:
         raise UnknownTargetError(f"{where}: not a cost-model profile, missing {', '.join(missing)}")
@@ -147,7 +152,8 @@ def target_from_profile(profile: dict[str, Any], where: str = "profile") -> Targ
     except (TypeError, ValueError) as e:
         raise UnknownTargetError(f"{where}: bad value in the profile ({e})") from None
     bf16 = dict(values["tensor_flops"]).get("bf16")
-    return Target(**values, measured_tensor_flops=bf16, measured_hbm_bw=values["hbm_bw"])
+    return Target(**values, warp_specialized=bool(profile.get("warp_specialized", False)),
+                  measured_tensor_flops=bf16, measured_hbm_bw=values["hbm_bw"])
 
 
 @functools.lru_cache(maxsize=16)

@@ -57,7 +57,7 @@ def choose_strategy(
         return strategy if strategy != "auto" else "hybrid"
     if program is None:
         raise ValueError("rope-fusion: the cost model needs the program to choose for a target")
-    return model.choose(shape_of(program, seq_len), target)
+    return model.choose(shape_of(program, seq_len, target=target), target)
 
 
 def _place(side: Side, placement: str) -> None:

@@ -119,6 +119,7 @@ def measure(name: str | None = None) -> dict[str, Any]:
         "smem_per_sm": int(props.shared_memory_per_multiprocessor),
         "smem_bw": 128.0 * sms * clock,
         "regs_per_sm": int(props.regs_per_multiprocessor),
+        "warp_specialized": props.major == 9 and not getattr(torch.version, "hip", None),
         "source": f"attnfuse-calibrate on {props.name}, torch {torch.__version__}, "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
     }

@@ -47,6 +47,14 @@ def test_profile_is_a_target_with_measured_overrides(tmp_path: Path) -> None:
     assert get_target(str(path)).name == "calibrated:again"
 
 
+def test_profile_warp_specialized_is_optional() -> None:
+    """A profile says whether the GPU runs the sm_90 Gluon schedules; one written before
+    the field existed reads as false."""
+    assert target_from_profile(_profile()).warp_specialized is True  # the H200's figures
+    old = {k: v for k, v in _profile().items() if k != "warp_specialized"}
+    assert target_from_profile(old).warp_specialized is False
+
+
 def test_cost_report_and_pipeline_with_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(_profile()))

@@ -1,4 +1,5 @@
-"""The model against the stored H200 measurements (docs/bench/, run 14; run 11 loads as history)."""
+"""The model against the stored H200 measurements (docs/bench/: run 14 on the Triton
+forward, run 20 on the Gluon forward; run 11 loads as history)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnfuse.cost import model
-from attnfuse.cost.fit import LLAMA3_8B, fit, load_cases, score
+from attnfuse.cost.fit import LLAMA3_8B, LLAMA3_8B_HOPPER, fit, load_cases, score
 from attnfuse.cost.target import get_target
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -15,6 +16,7 @@ H200 = get_target("h200")
 RUN14 = load_cases(BENCH / "h200-run14.json", {"sweep": False, "sweep_training": True})
 RUN14_MAIN = load_cases(BENCH / "h200-run14.json", {"forward": False, "training": True})
 RUN11 = load_cases(BENCH / "h200-run11-sweep.json", {"sweep": False, "sweep_training": True}, block_n=64)
+RUN20 = load_cases(BENCH / "h200-run20" / "split_k" / "forward.json", {"forward": False}, base=LLAMA3_8B_HOPPER)
 
 
 def test_cases_loaded() -> None:
@@ -26,9 +28,29 @@ def test_cases_loaded() -> None:
 def test_constants_are_the_fit_of_run14() -> None:
     """The constants in model.py are what fit() returns on run 14's sweep (rounded)."""
     result = fit(RUN14, H200)
-    assert result.rotation_exposure == pytest.approx(model.ROTATION_EXPOSURE, rel=2e-3)
-    assert result.prekernel_efficiency == pytest.approx(model.PREKERNEL_EFFICIENCY, rel=2e-3)
+    assert result.rotation_exposure == pytest.approx(model.TRITON.rotation_exposure, rel=2e-3)
+    assert result.prekernel_efficiency == pytest.approx(model.TRITON.prekernel_efficiency, rel=2e-3)
     assert result.rms_relative < 0.03  # differences to hybrid, relative to hybrid's time
+
+
+def test_hopper_constants_are_the_fit_of_run20() -> None:
+    """The Gluon forward's constants are what fit() returns on run 20's forward rows
+    (S = 2048 .. 16384, B*S = 16384; K rotated once per 128 x 128 visit by the producer)."""
+    assert [c.shape.seq_len for c in RUN20] == [2048, 4096, 8192, 16384]
+    assert all(c.shape.hopper and not c.backward for c in RUN20)
+    result = fit(RUN20, H200)
+    assert result.rotation_exposure == pytest.approx(model.HOPPER.rotation_exposure, rel=2e-3)
+    assert result.prekernel_efficiency == pytest.approx(model.HOPPER.prekernel_efficiency, rel=2e-3)
+    assert result.rms_relative < 0.03
+    # less than the Triton kernel's: the producer's rotation partly hides behind the matmuls
+    assert model.HOPPER.rotation_exposure < model.TRITON.rotation_exposure
+
+
+def test_auto_on_run20_forward() -> None:
+    """hybrid measured fastest at every S of run 20, and the model picks it each time."""
+    assert all(c.fastest == "hybrid" for c in RUN20)
+    result = score(RUN20, H200)
+    assert result.cases == 4 and result.hits == 4
 
 
 def test_auto_on_run14_sweep() -> None:

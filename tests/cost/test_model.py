@@ -6,9 +6,15 @@ import dataclasses
 
 import pytest
 
+from attnfuse import examples
+from attnfuse.analysis.tile_plan import default_block_sizes
 from attnfuse.cost import model
 from attnfuse.cost.model import AttentionShape, added_work, crossover, crossover_closed_form, predict, visited_kv_rows
+from attnfuse.cost.program_shape import shape_of
 from attnfuse.cost.target import TARGETS, get_target
+from attnfuse.program import analyze, find_functions
+from attnfuse.reference import parse_program
+from attnfuse.testing import with_dtype
 
 H200 = get_target("h200")
 LLAMA = AttentionShape(batch=4, q_heads=32, kv_heads=8, seq_len=4096, head_dim=128)
@@ -88,11 +94,11 @@ def test_crossover_consistency(name: str, other: str) -> None:
     target = TARGETS[name]
     s_star = crossover_closed_form(LLAMA, target, other)
     tokens = LLAMA.batch * LLAMA.seq_len
-    unit = model.ROTATION_EXPOSURE * model.rotation_seconds(target)
+    unit = LLAMA.constants.rotation_exposure * model.rotation_seconds(target)
     # fused - other at fixed tokens, continuous in S (rows = S (S/BM + 1) / 2)
     hq, d, bm = LLAMA.q_heads, LLAMA.head_dim, LLAMA.fused_block_m
     fused = unit * tokens * hq * d * (1 + (s_star / bm + 1) / 2)
-    bw = model.PREKERNEL_EFFICIENCY * target.bandwidth()
+    bw = LLAMA.constants.prekernel_efficiency * target.bandwidth()
     kv = 2 * tokens * LLAMA.kv_heads * d * 2 / bw + model.LAUNCH_S
     rest = unit * tokens * hq * d if other == "hybrid" else 2 * tokens * hq * d * 2 / bw + model.LAUNCH_S
     assert fused == pytest.approx(kv + rest, rel=1e-9)
@@ -118,3 +124,20 @@ def test_shape_checks() -> None:
         at(LLAMA, seq_len=0)
     with pytest.raises(ValueError, match="placement must be one of"):
         predict(LLAMA, H200, "inline")
+
+
+@pytest.mark.parametrize(("target", "dtype", "hopper"), [("h200", "bf16", True), ("h100", "f16", True),
+                                                         ("h200", "f32", False), ("rtx3090", "bf16", False),
+                                                         ("b200", "bf16", False)])
+def test_shape_of_picks_the_forward_kernel(target: str, dtype: str, hopper: bool) -> None:
+    """A warp-specialized target (sm_90) runs a bf16 / f16 program with head dim 128 on
+    the Gluon forward: its constants and 128 x 128 fused K visits; others the Triton
+    kernel's (the tiles mask-tiling gives a kernel that transforms K)."""
+    text = with_dtype(examples.path("llama3").read_text(), dtype)
+    program = analyze(find_functions(parse_program(text))[0])
+    shape = shape_of(program, 2048, target=get_target(target))
+    assert shape.hopper is hopper
+    assert shape.constants is (model.HOPPER if hopper else model.TRITON)
+    tiles = model.HOPPER_FUSED_TILES if hopper else default_block_sizes(program, k_in_kernel=True)
+    assert (shape.fused_block_m, shape.fused_block_n) == tuple(tiles)
+    assert shape_of(program, 2048).hopper is False  # no target: the Triton kernel
