@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnfuse.cost import model
-from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, added_work, rotation_seconds
+from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, added_work
 from attnfuse.cost.target import Target
 
 __all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "score"]
@@ -84,13 +84,12 @@ def fit(cases: Iterable[Case], target: Target) -> Fit:
     for case in cases:
         t = case.times
         base = added_work(case.shape, "hybrid")
-        unit = rotation_seconds(target, case.shape.dtype)
         for p in ("fused", "separate"):
             w = added_work(case.shape, p)
             launches = (w.launches - base.launches) * model.LAUNCH_S
             weight = 1.0 / t["hybrid"]
             rows.append([
-                weight * unit * (w.rotated_elements - base.rotated_elements),
+                weight * (w.in_kernel_seconds(target, case.shape) - base.in_kernel_seconds(target, case.shape)),
                 weight * (w.prekernel_bytes - base.prekernel_bytes) / target.bandwidth(),
             ])
             ys.append(weight * (t[p] - t["hybrid"] - launches))

@@ -8,6 +8,11 @@ Every placement runs the same attention; they differ in the work they add
 * ``fused``: Q as in ``hybrid``, and each K tile rotated in the kernel once per q block
   that visits it (``gqa_pack`` query heads sharing one program share the rotation).
 
+A QK-norm moves with its side's RoPE: in a pre-kernel it adds no bytes (the same
+pre-kernel reads and writes the row once); in the kernel each element the kernel
+rotates is also normalized (:func:`norm_seconds`, exposed as the rotation is: not
+fitted separately, no measured placement sweep has a QK-norm).
+
 A pre-kernel costs its bytes over a fitted efficiency times the target's bandwidth,
 plus :data:`LAUNCH_S`. An element rotated in the kernel costs :func:`rotation_seconds`
 (FP32 vector work, a shared-memory round trip and the cos/sin table read from L2)
@@ -44,6 +49,7 @@ __all__ = [
     "crossover",
     "crossover_closed_form",
     "extra_at_tokens",
+    "norm_seconds",
     "predict",
     "rotation_seconds",
     "visited_kv_rows",
@@ -78,6 +84,9 @@ ROT_FLOPS = 3.0
 """FP32 FLOPs per rotated element: x*cos + rotate_half(x)*sin (a multiply and an FMA)."""
 TABLE_BYTES = 2.0
 """cos/sin table bytes read per rotated element (bf16, each table half-width)."""
+NORM_FLOPS = 4.0
+"""FP32 FLOPs per QK-normalized element: the square-accumulate FMA (2), the scale by the
+row's reciprocal RMS and the weight (1 each); one rsqrt per row on top."""
 
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -106,6 +115,9 @@ class AttentionShape:
     :data:`HOPPER_FUSED_TILES` for the Gluon forward."""
     hopper: bool = False
     """The forward runs sm_90's warp-specialized Gluon schedule (constants :data:`HOPPER`)."""
+    q_norm: bool = False
+    k_norm: bool = False
+    """The side carries a QK-norm, placed with its RoPE."""
 
     def __post_init__(self) -> None:
         for what in ("batch", "q_heads", "kv_heads", "seq_len", "head_dim", "block_m", "block_n", "gqa_pack",
@@ -155,6 +167,13 @@ def rotation_seconds(target: Target, dtype: str = "bf16") -> float:
     return ROT_FLOPS / target.vector_f32_flops + 2 * b / target.smem_bw + TABLE_BYTES / target.l2_bw
 
 
+def norm_seconds(target: Target, head_dim: int) -> float:
+    """Time to QK-normalize one element in the kernel, before exposure: FP32 work and the
+    row's rsqrt shared by its ``head_dim`` elements (the element is in registers for its
+    rotation already: no memory traffic of its own)."""
+    return NORM_FLOPS / target.vector_f32_flops + 1.0 / (head_dim * target.sfu_ops)
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Predicted seconds of one placement, split by where the time goes."""
@@ -189,6 +208,13 @@ class Work:
     """Bytes the pre-kernels read and write."""
     launches: int
     """Extra kernel launches."""
+    normed_elements: int = 0
+    """Elements QK-normalized inside the attention kernel."""
+
+    def in_kernel_seconds(self, target: Target, shape: AttentionShape) -> float:
+        """The in-kernel transforms' time before exposure."""
+        return (rotation_seconds(target, shape.dtype) * self.rotated_elements
+                + norm_seconds(target, shape.head_dim) * self.normed_elements)
 
 
 def added_work(shape: AttentionShape, placement: str) -> Work:
@@ -200,18 +226,19 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
     if placement == "separate":
         return Work(0, per_head * (hq + hkv), 2)
     q_rotation = b * hq * s * d
+    q_normed = q_rotation if shape.q_norm else 0
     if placement == "hybrid":
-        return Work(q_rotation, per_head * hkv, 1)
+        return Work(q_rotation, per_head * hkv, 1, q_normed)
     fused_tiles = AttentionShape(**{**shape.__dict__, "block_m": shape.fused_block_m, "block_n": shape.fused_block_n})
     k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(fused_tiles) * d
-    return Work(q_rotation + k_visits, 0, 0)
+    return Work(q_rotation + k_visits, 0, 0, q_normed + (k_visits if shape.k_norm else 0))
 
 
 def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
     """(pre-kernel seconds, exposed in-kernel rotation seconds) of ``work``."""
     k = shape.constants
     pre = work.prekernel_bytes / (k.prekernel_efficiency * target.bandwidth()) + work.launches * LAUNCH_S
-    rotation = k.rotation_exposure * rotation_seconds(target, shape.dtype) * work.rotated_elements
+    rotation = k.rotation_exposure * work.in_kernel_seconds(target, shape)
     return pre, rotation
 
 
@@ -268,19 +295,23 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     """The crossover of ``fused`` against ``b`` for a causal mask without window, in
     closed form (docs/cost-model.md), with launches spread over batch x S tokens.
 
-    ``fused`` adds ``E c Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
-    own q block ``fused_block_m``) while
-    ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch; ``separate``
-    also the Q pre-kernel and a launch, less the Q rotation that ``fused`` keeps.
+    ``fused`` adds ``E c_k Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
+    own q block ``fused_block_m``; ``c_k`` the rotation, plus the norm with a K QK-norm)
+    while ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch;
+    ``separate`` also the Q pre-kernel and a launch, less the Q transforms (``c_q``)
+    that ``fused`` keeps.
     """
     if not shape.causal or shape.window is not None:
         raise ValueError("the closed form covers causal masks without a window")
     n, d, hq, hkv = shape.batch * shape.seq_len, shape.head_dim, shape.q_heads, shape.kv_heads
-    c = shape.constants.rotation_exposure * rotation_seconds(target, shape.dtype)
+    exposure = shape.constants.rotation_exposure
+    rotation, norm = rotation_seconds(target, shape.dtype), norm_seconds(target, d)
+    c_q = exposure * (rotation + (norm if shape.q_norm else 0.0))
+    c_k = exposure * (rotation + (norm if shape.k_norm else 0.0))
     bw = shape.constants.prekernel_efficiency * target.bandwidth()
     pre = 2 * hkv * shape.elem_bytes / bw + LAUNCH_S / (n * d)
     if b == "separate":
-        pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c * hq
+        pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c_q * hq
     elif b != "hybrid":
         raise ValueError(f"b must be hybrid or separate, got '{b}'")
-    return shape.fused_block_m * (2 * shape.gqa_pack * pre / (c * hq) - 1)
+    return shape.fused_block_m * (2 * shape.gqa_pack * pre / (c_k * hq) - 1)

@@ -15,7 +15,7 @@ from attnfuse.analysis.masks import mask_band
 from attnfuse.analysis.tile_plan import default_block_sizes
 from attnfuse.cost.model import HOPPER_FUSED_TILES, AttentionShape
 from attnfuse.cost.target import Target
-from attnfuse.dialects.attn import MaskOp
+from attnfuse.dialects.attn import MaskOp, QKNormOp
 from attnfuse.lowering.hopper_forward import HEAD_DIMS as HOPPER_HEAD_DIMS
 from attnfuse.program import AttentionProgram
 
@@ -81,4 +81,6 @@ def shape_of(
         fused_block_m=fused_m,
         fused_block_n=fused_n,
         hopper=hopper,
+        q_norm=any(isinstance(t, QKNormOp) for t in program.q.transforms),
+        k_norm=any(isinstance(t, QKNormOp) for t in program.k.transforms),
     )

@@ -23,6 +23,9 @@ def cost_report(name: str, shape: AttentionShape, target: Target) -> str:
     mask = "causal" if shape.causal else "full"
     if shape.window is not None:
         mask += f", window {shape.window}"
+    norms = [side for side, on in (("q", shape.q_norm), ("k", shape.k_norm)) if on]
+    if norms:
+        mask += f", QK-norm on {' and '.join(norms)}"
     lines = [
         f"// cost report: @{name} on {target.name}: B={shape.batch} Hq={shape.q_heads} "
         f"Hkv={shape.kv_heads} S={shape.seq_len} D={shape.head_dim} {shape.dtype} {mask} "

@@ -46,6 +46,38 @@ def test_added_work_counts_bytes_and_rotations() -> None:
     assert packed.rotated_elements - 32 * n_head == (fused.rotated_elements - 32 * n_head) // 4
 
 
+def test_qk_norm_moves_with_the_rope() -> None:
+    """A QK-norm adds in-kernel work wherever its side's RoPE runs in the kernel (Q once
+    in hybrid and fused, K per visit in fused) and nothing in a pre-kernel (the same
+    pre-kernel reads and writes the row once)."""
+    normed = at(LLAMA, q_norm=True, k_norm=True)
+    n_head = LLAMA.batch * LLAMA.seq_len * LLAMA.head_dim
+    assert added_work(normed, "separate") == added_work(LLAMA, "separate")
+    assert added_work(normed, "hybrid") == model.Work(32 * n_head, 2 * 2 * n_head * 8, 1, 32 * n_head)
+    fused = added_work(normed, "fused")
+    assert fused.normed_elements == fused.rotated_elements
+    assert added_work(at(LLAMA, k_norm=True), "fused").normed_elements == fused.rotated_elements - 32 * n_head
+    extra = {p: predict(normed, H200, p).extra - predict(LLAMA, H200, p).extra for p in model.PLACEMENTS}
+    assert extra["separate"] == 0 < extra["hybrid"] < extra["fused"]
+    norm = model.norm_seconds(H200, 128)
+    assert norm == pytest.approx(model.NORM_FLOPS / H200.vector_f32_flops + 1 / (128 * H200.sfu_ops))
+    assert extra["hybrid"] == pytest.approx(LLAMA.constants.rotation_exposure * norm * 32 * n_head)
+
+
+@pytest.mark.parametrize("other", ["hybrid", "separate"])
+@pytest.mark.parametrize("norms", [(True, True), (False, True), (True, False)])
+def test_crossover_with_qk_norm(other: str, norms: tuple[bool, bool]) -> None:
+    """The closed form with QK-norms (c_q, c_k) agrees with the bisection on predict, and
+    a K norm pulls the crossover down (fused's K visits cost more)."""
+    shape = at(LLAMA, q_norm=norms[0], k_norm=norms[1])
+    target = get_target("l4")  # a GPU on which fused wins at short S
+    s_star = crossover_closed_form(shape, target, other)
+    found = crossover(shape, target, "fused", other)
+    assert s_star >= shape.fused_block_m and found is not None and found - shape.fused_block_m < s_star <= found
+    if norms[1]:
+        assert s_star < crossover_closed_form(at(shape, k_norm=False), target, other)
+
+
 def test_units_scale_with_work() -> None:
     """Seconds: doubling the batch doubles every added time but the launches."""
     for p in model.PLACEMENTS:
@@ -141,3 +173,10 @@ def test_shape_of_picks_the_forward_kernel(target: str, dtype: str, hopper: bool
     tiles = model.HOPPER_FUSED_TILES if hopper else default_block_sizes(program, k_in_kernel=True)
     assert (shape.fused_block_m, shape.fused_block_n) == tuple(tiles)
     assert shape_of(program, 2048).hopper is False  # no target: the Triton kernel
+
+
+def test_shape_of_reads_the_qk_norms() -> None:
+    for name, norms in (("qwen3", (True, True)), ("llama3", (False, False))):
+        program = analyze(find_functions(parse_program(examples.path(name).read_text()))[0])
+        shape = shape_of(program, 4096)
+        assert (shape.q_norm, shape.k_norm) == norms
