@@ -21,7 +21,7 @@ from attnfuse.cost import model
 from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, added_work
 from attnfuse.cost.target import Target
 
-__all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "score"]
+__all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "load_sweep", "score"]
 
 LLAMA3_8B = AttentionShape(batch=1, q_heads=32, kv_heads=8, seq_len=2048, head_dim=128)
 """The benchmarked program (examples/llama3.attn): GQA 32/8, head dim 128, bf16, causal,
@@ -65,6 +65,27 @@ def load_cases(
             shape = AttentionShape(**{**base.__dict__, "seq_len": seq, "batch": batch, "block_n": block_n})
             cases.append(Case(shape, sections[section], tuple(sorted(times.items()))))
     return cases
+
+
+SWEEP_SECTIONS = {"cost_forward": False, "cost_training": True}
+"""`bench/cost_sweep.py`'s sections and whether each timed forward + backward."""
+
+
+def load_sweep(path: str | Path, families: Iterable[str] | None = None) -> list[Case]:
+    """The cases of a `bench/cost_sweep.py` file (each row carries the call's
+    `AttentionShape`), of the given families or all; rows lacking a placement
+    (an error) leave their case out."""
+    rows: list[dict[str, Any]] = json.loads(Path(path).read_text())["rows"]
+    keep = None if families is None else set(families)
+    found: dict[tuple[str, str, int], tuple[AttentionShape, dict[str, float]]] = {}
+    for row in rows:
+        if row.get("section") not in SWEEP_SECTIONS or "ms" not in row or (keep is not None and row["family"] not in keep):
+            continue
+        key = (row["section"], row["family"], row["seq"])
+        shape = found.setdefault(key, (AttentionShape(**row["shape"]), {}))
+        shape[1][row["name"]] = row["ms"] * 1e-3
+    return [Case(shape, SWEEP_SECTIONS[section], tuple(sorted(times.items())))
+            for (section, _, _), (shape, times) in sorted(found.items()) if set(times) == set(PLACEMENTS)]
 
 
 @dataclass(frozen=True)

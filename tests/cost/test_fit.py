@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnfuse.cost import model
-from attnfuse.cost.fit import LLAMA3_8B, LLAMA3_8B_HOPPER, fit, load_cases, score
+from attnfuse.cost.fit import LLAMA3_8B, LLAMA3_8B_HOPPER, fit, load_cases, load_sweep, score
 from attnfuse.cost.target import get_target
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -81,3 +81,42 @@ def test_fused_never_fastest_and_model_agrees() -> None:
     shape = model.AttentionShape(**{**LLAMA3_8B.__dict__, "batch": 64, "seq_len": 256})
     assert model.crossover_closed_form(shape, H200) < 256
     assert model.crossover(shape, H200) is None
+
+
+def test_sweep_rows_load_as_cases(tmp_path: Path) -> None:
+    """bench/cost_sweep.py's rows (each with the call's shape) load as cases; a case
+    with a failed placement is left out, families filter."""
+    import dataclasses
+    import json
+
+    hopper = dataclasses.asdict(model.AttentionShape(**{**LLAMA3_8B_HOPPER.__dict__, "batch": 8}))
+    d64 = {**hopper, "head_dim": 64}
+    rows = [{"section": section, "family": family, "seq": 2048, "batch": 8, "name": p, "ms": ms, "shape": shape}
+            for section in ("cost_forward", "cost_training")
+            for family, shape in (("d128_g4", hopper), ("d64_g4", d64))
+            for p, ms in (("fused", 0.8), ("hybrid", 0.6), ("separate", 0.65))]
+    rows[-1] = {**rows[-1], "ms": None}
+    del rows[-1]["ms"]  # d64_g4's training separate failed
+    path = tmp_path / "cost_sweep.json"
+    path.write_text(json.dumps({"rows": rows}))
+    cases = load_sweep(path)
+    assert [(c.shape.head_dim, c.backward) for c in cases] == [(128, False), (64, False), (128, True)]
+    assert all(c.shape.hopper and c.fastest == "hybrid" for c in cases)
+    assert [c.shape.head_dim for c in load_sweep(path, ["d128_g4"])] == [128, 128]
+
+
+def test_sweep_families_build() -> None:
+    """Every family of bench/cost_sweep.py builds, and its shape on the H200 is what the
+    family says (32 query heads; the Gluon forward for head dims 64 and 128)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import cost_sweep
+
+    for name, family in cost_sweep.FAMILIES.items():
+        text = cost_sweep.program_text(name, family)
+        shape = cost_sweep.shape_row(text, 4096, cost_sweep.batch_of(4096, 16384), H200)
+        assert (shape["q_heads"], shape["kv_heads"], shape["head_dim"]) == (32, 32 // family.group, family.head_dim)
+        assert (shape["window"], shape["q_norm"], shape["k_norm"], shape["batch"]) == (
+            family.window, family.qk_norm, family.qk_norm, 4)
+        assert shape["hopper"] == (family.head_dim in (64, 128))

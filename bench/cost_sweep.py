@@ -1,0 +1,174 @@
+"""Issue 9's validation sweep: every RoPE placement of a family of programs, timed (needs CUDA).
+
+For each program family (head dim, GQA group, mask, QK-norm; 32 query heads, bf16,
+RoPE theta 5e5) and each S, with B*S = --tokens while S <= --tokens (else B = 1), it
+compiles the default pipeline with `rope-fusion{strategy=P}` for P in fused, hybrid,
+separate and times the forward and the forward + backward (`triton.testing.do_bench`,
+median). Rows go to DIR/cost_sweep.json in `run_all.py`'s layout (`section`
+`cost_forward` / `cost_training`, `name` the placement, `ms`) plus `family` and `shape`:
+the cost model's `AttentionShape` of the call on this GPU (`program_shape.shape_of`, the
+target `h200` on a 9.x GPU), which `attnfuse.cost.fit.load_sweep` reads back. The file
+is rewritten after every S, and `--resume` skips the (family, S) pairs it already
+holds, so a sweep can span several device calls (`--budget-s` stops before starting a
+pair once that many seconds have passed).
+
+    python bench/cost_sweep.py --out DIR [--families d128_g4,d64_g4] [--seqs 256,512] [--resume] [--budget-s 540]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+import attnfuse
+from attnfuse.cost.program_shape import shape_of
+from attnfuse.cost.target import Target, get_target
+from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.program import analyze, find_functions
+from attnfuse.reference import parse_program
+
+PLACEMENTS = ("fused", "hybrid", "separate")
+HEADS = 32
+
+
+class Family(NamedTuple):
+    head_dim: int
+    group: int
+    window: int | None = None
+    qk_norm: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    "d128_g4": Family(128, 4),
+    "d64_g4": Family(64, 4),
+    "d256_g4": Family(256, 4),
+    "d128_g1": Family(128, 1),
+    "d128_g8": Family(128, 8),
+    "d128_g4_window1024": Family(128, 4, window=1024),
+    "d128_g4_qknorm": Family(128, 4, qk_norm=True),
+}
+"""Issue 9's axes, one at a time around Llama-3-8B (D = 128, G = 4, causal)."""
+
+SEQS = (256, 320, 384, 448, 512, 768, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""Fine below 1024, where the model puts the sm_90 crossovers (docs/cost-model.md)."""
+
+
+def program_text(name: str, family: Family) -> str:
+    """The family's program: RoPE (and a QK-norm) on both sides, causal, maybe a window."""
+    builder = attnfuse.attention(heads=HEADS, kv_heads=HEADS // family.group, head_dim=family.head_dim,
+                                 dtype=torch.bfloat16, name=name)
+    if family.qk_norm:
+        builder = builder.qk_norm(weight=False)
+    builder = builder.rope(theta=500000.0).causal()
+    if family.window is not None:
+        builder = builder.sliding_window(left=family.window)
+    return builder.build().text()
+
+
+def pipeline(placement: str) -> str:
+    return DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={placement}")
+
+
+def batch_of(seq: int, tokens: int) -> int:
+    return max(1, tokens // seq)
+
+
+def shape_row(text: str, seq: int, batch: int, target: Target | None) -> dict[str, Any]:
+    """The cost model's shape of this call, as JSON."""
+    program = analyze(find_functions(parse_program(text))[0])
+    return dataclasses.asdict(shape_of(program, seq, batch, target=target))
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
+
+
+def measure(name: str, family: Family, text: str, seq: int, batch: int,
+            compiled: dict[str, Any]) -> list[dict[str, Any]]:
+    """Forward and forward + backward ms of every placement at one S."""
+    gen = torch.Generator(device="cuda").manual_seed(seq)
+
+    def make(heads: int) -> torch.Tensor:
+        return torch.randn(batch, heads, seq, family.head_dim, device="cuda", dtype=torch.bfloat16,
+                           generator=gen).requires_grad_(True)
+
+    q, k, v = make(HEADS), make(HEADS // family.group), make(HEADS // family.group)
+    grad = torch.randn_like(q)
+    rows = []
+    for placement in PLACEMENTS:
+        if placement not in compiled:
+            compiled[placement] = attnfuse.compile(text, pipeline=pipeline(placement))
+        fn = compiled[placement]
+
+        def forward(fn: Any = fn) -> None:
+            with torch.no_grad():
+                fn(q, k, v)
+
+        def training(fn: Any = fn) -> None:
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v).backward(grad)
+
+        for section, step in (("cost_forward", forward), ("cost_training", training)):
+            row: dict[str, Any] = {"section": section, "family": name, "seq": seq, "batch": batch, "name": placement}
+            try:
+                row["ms"] = _time(step)
+            except Exception as exc:  # noqa: BLE001 - a placement that does not run is a result
+                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--seqs", default=",".join(map(str, SEQS)))
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--resume", action="store_true", help="keep DIR/cost_sweep.json's rows, skip what they cover")
+    parser.add_argument("--budget-s", type=float, default=0.0, help="start no new (family, S) after this many seconds")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("cost_sweep.py times kernels on a CUDA GPU and none is visible")
+    unknown = [f for f in args.families.split(",") if f not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"unknown families {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "cost_sweep.json"
+    target = get_target("h200") if torch.cuda.get_device_capability()[0] == 9 else None
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "target": target and target.name}
+    rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if args.resume and path.exists() else []
+    done = {(r["family"], r["seq"]) for r in rows}
+    started = time.time()
+    for name in args.families.split(","):
+        family = FAMILIES[name]
+        text = program_text(name, family)
+        compiled: dict[str, Any] = {}
+        for seq in (int(s) for s in args.seqs.split(",")):
+            if (name, seq) in done:
+                continue
+            if args.budget_s and time.time() - started > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent; rerun with --resume", flush=True)
+                return
+            batch = batch_of(seq, args.tokens)
+            shape = shape_row(text, seq, batch, target)
+            new = measure(name, family, text, seq, batch, compiled)
+            torch.cuda.empty_cache()
+            rows += [{**r, "shape": shape} for r in new]
+            path.write_text(json.dumps({**meta, "rows": rows}, indent=1))
+            print(json.dumps({"family": name, "seq": seq, **{f"{r['section'][5:]}:{r['name']}": r.get("ms")
+                                                              for r in new}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
