@@ -68,12 +68,14 @@ def ${k}_pass_turn(sem):
     at `sem`). One thread releases it with a `fence.acq_rel.gpu` and a relaxed `red` (a
     `red.release`, or a release by the consumers after every step, cost a quarter of the
     kernel: H200, Llama-3-8B); its predicate comes from a thread-index tensor, since a
-    `red` predicated on %tid.x inside the PTX made ptxas spill the consumers' registers."""
+    `red` predicated on %tid.x inside the PTX made ptxas spill the consumers' registers.
+    The lane that issued the add (`elect.sync`) waits for it; `bar.warp.sync` then
+    orders that before the releasing lane's fence, whichever lanes they are."""
     ${k}_reduce_complete()
     lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     first = (gl.arange(0, 32 * gl.num_warps(), layout=lanes) == 0).to(gl.int32)
     gl.inline_asm_elementwise(
-        "{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, $$2, 0;\\n\\t@p fence.acq_rel.gpu;\\n\\t"
+        "{\\n\\t.reg .pred p;\\n\\tbar.warp.sync -1;\\n\\tsetp.ne.b32 p, $$2, 0;\\n\\t@p fence.acq_rel.gpu;\\n\\t"
         "@p red.relaxed.gpu.global.add.u32 [$$1], 1;\\n\\t}\\n\\tmov.u32 $$0, 0;",
         "=r,l,r", [sem, first], dtype=gl.int32, is_pure=False, pack=1)
 
