@@ -1,20 +1,24 @@
 """The cost model against a measured sweep: predicted vs measured time added over `hybrid`.
 
-Reads a `bench/run_all.py` JSON file (its `sweep` / `sweep_training` sections), predicts
-each placement with `attnfuse.cost` on a target, and writes one PNG per pass with the
-measured and predicted `t(fused) - t(hybrid)` and `t(separate) - t(hybrid)` against S,
-the predicted crossovers marked, plus a markdown table of choices (no GPU needed):
+Reads a `bench/run_all.py` JSON file (its `sweep` / `sweep_training` sections) or a
+`bench/cost_sweep.py` one (per program family, each row with its shape), predicts each
+placement with `attnfuse.cost` on a target, and writes one PNG per pass (and family)
+with the measured and predicted `t(fused) - t(hybrid)` and `t(separate) - t(hybrid)`
+against S, the predicted crossovers marked, plus a markdown table of choices (no GPU
+needed):
 
     python bench/cost_validation.py docs/bench/h200-run14.json --target h200 --out docs/bench
+    python bench/cost_validation.py DIR/cost_sweep.json --target h200 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from attnfuse.cost import model
-from attnfuse.cost.fit import Case, load_cases, score
+from attnfuse.cost.fit import Case, load_cases, load_sweep, score
 from attnfuse.cost.target import Target, get_target
 
 SECTIONS = {"sweep": False, "sweep_training": True}
@@ -28,13 +32,15 @@ def _added(case: Case, target: Target) -> dict[str, tuple[float, float]]:
             for p in ("fused", "separate")}
 
 
-def plot(cases: list[Case], target: Target, backward: bool, out: Path) -> Path:
+def plot(cases: list[Case], target: Target, backward: bool, out: Path, family: str = "") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sel = sorted((c for c in cases if c.backward == backward), key=lambda c: c.shape.seq_len)
+    if not sel:
+        raise SystemExit(f"no {'forward + backward' if backward else 'forward'} cases{' of ' + family if family else ''}")
     seqs = [c.shape.seq_len for c in sel]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for placement, color in (("fused", "tab:red"), ("separate", "tab:blue")):
@@ -52,10 +58,11 @@ def plot(cases: list[Case], target: Target, backward: bool, out: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("S (batch x S fixed)")
     ax.set_ylabel("ms added over hybrid (< 0: faster than hybrid)")
-    ax.set_title(f"cost model vs measured on {target.name}, {'forward + backward' if backward else 'forward'}")
+    ax.set_title(f"cost model vs measured on {target.name}, {family + ', ' if family else ''}"
+                 f"{'forward + backward' if backward else 'forward'}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out / f"cost-validation-{target.name}-{'training' if backward else 'forward'}.png"
+    path = out / f"cost-validation-{target.name}-{family + '-' if family else ''}{'training' if backward else 'forward'}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -80,13 +87,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     target = get_target(args.target)
-    cases = load_cases(args.results, SECTIONS)
-    if not cases:
+    rows = json.loads(args.results.read_text())["rows"]
+    families = sorted({r["family"] for r in rows if "shape" in r and "family" in r})
+    groups = {f: load_sweep(args.results, [f]) for f in families} if families else {"": load_cases(args.results, SECTIONS)}
+    if not any(groups.values()):
         raise SystemExit(f"{args.results}: no sweep rows with all of {', '.join(model.PLACEMENTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for backward in (False, True):
-        print(plot(cases, target, backward, args.out))
-    print(table(cases, target))
+    for family, cases in groups.items():
+        for backward in sorted({c.backward for c in cases}):
+            print(plot(cases, target, backward, args.out, family))
+        print(f"\n{family}\n" if family else "", table(cases, target), sep="")
 
 
 if __name__ == "__main__":
