@@ -58,7 +58,6 @@ __all__ = [
 PLACEMENTS = ("fused", "hybrid", "separate")
 
 
-
 @dataclass(frozen=True)
 class KernelConstants:
     """The fitted constants of one forward kernel family."""
