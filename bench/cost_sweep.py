@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ import attnfuse
 from attnfuse.cost.program_shape import shape_of
 from attnfuse.cost.target import Target, get_target
 from attnfuse.passes import DEFAULT_PIPELINE
-from attnfuse.program import analyze, find_functions
+from attnfuse.program import AttentionProgram, analyze, find_functions
 from attnfuse.reference import parse_program
 
 PLACEMENTS = ("fused", "hybrid", "separate")
@@ -80,10 +81,14 @@ def batch_of(seq: int, tokens: int) -> int:
     return max(1, tokens // seq)
 
 
+@functools.lru_cache(maxsize=None)
+def _program(text: str) -> AttentionProgram:
+    return analyze(find_functions(parse_program(text))[0])
+
+
 def shape_row(text: str, seq: int, batch: int, target: Target | None) -> dict[str, Any]:
     """The cost model's shape of this call, as JSON."""
-    program = analyze(find_functions(parse_program(text))[0])
-    return dataclasses.asdict(shape_of(program, seq, batch, target=target))
+    return dataclasses.asdict(shape_of(_program(text), seq, batch, target=target))
 
 
 def _time(fn: Callable[[], Any]) -> float:

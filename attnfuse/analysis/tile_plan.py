@@ -110,4 +110,3 @@ def in_kernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | Q
 def prekernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     """The Q/K transforms applied by pre-kernels (placement `prekernel`)."""
     return [t for t in transforms if t.str_option("placement") == "prekernel"]
-

@@ -82,8 +82,9 @@ def load_sweep(path: str | Path, families: Iterable[str] | None = None) -> list[
         if row.get("section") not in SWEEP_SECTIONS or "ms" not in row or (keep is not None and row["family"] not in keep):
             continue
         key = (row["section"], row["family"], row["seq"])
-        shape = found.setdefault(key, (AttentionShape(**row["shape"]), {}))
-        shape[1][row["name"]] = row["ms"] * 1e-3
+        if key not in found:
+            found[key] = (AttentionShape(**row["shape"]), {})
+        found[key][1][row["name"]] = row["ms"] * 1e-3
     return [Case(shape, SWEEP_SECTIONS[section], tuple(sorted(times.items())))
             for (section, _, _), (shape, times) in sorted(found.items()) if set(times) == set(PLACEMENTS)]
 

@@ -441,8 +441,6 @@ def _dim(ty: Attribute, i: int) -> int:
 
 def _dyn(ty: TensorType) -> TensorType:
     """`ty` with -1 dims spelled as xDSL's dynamic marker."""
-    from xdsl.dialects.builtin import DYNAMIC_INDEX
-
     return TensorType(ty.element_type, [DYNAMIC_INDEX if d < 0 else d for d in ty.get_shape()])
 
 

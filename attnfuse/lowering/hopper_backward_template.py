@@ -170,7 +170,6 @@ def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
         buf = it % 2
         head = kv_head * $group + $head_of_it
         t_start = q_lo + ($tile_of_it) * BM
-        q_row = (batch * $hq + head) * $q_len + t_start
         q_t = q_smem.index(st)
         do_t = do_smem.index(st)
         mbarrier.wait(q_ready.index(st), ph)

@@ -137,6 +137,8 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
                                 for text, mode in BACKWARD_ELIGIBLE.values()], timeout=1200)
     assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
     for name, r in resources.items():
+        head_dim = find_functions(parse_module_with_locations(make_context(), BACKWARD_ELIGIBLE[name[:-len("_bwd_ws")]][0],
+                                                              name)[0])[0].args[0].type.get_shape()[3]
         # at most a few scalars in local memory (none; 40 bytes with ALiBi and a window,
         # the CTA's coordinates among them); the ordered spin loop and the predicated
         # release are PTX: the same loop in the IR spilled some 200 bytes of tiles, a `red`
@@ -144,8 +146,8 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
         # spilled 372
         assert r["spill_bytes"] <= 48 and r["local_loads"] <= 12, (name, r)
         assert 0 < r["shared"] <= SHARED_MEMORY_LIMIT, (name, r)
-        # the reduce of each of the two dQ writers (four in the PTX at D = 128)
-        assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] in (2, 4), (name, r)
+        # the reduce of each of the two dQ writers (at D = 128 two boxes of 32 f32 columns each)
+        assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_reduce"] == (4 if head_dim == 128 else 2), (name, r)
         assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 
