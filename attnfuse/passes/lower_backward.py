@@ -84,14 +84,14 @@ class LowerBackwardPass(ModulePass):
     keep full-width dots; the epilogue splits the gradient into the rope's halves
     (`qk_side.split_parts`). Until run 16 the rotation used the half-split layout in the
     whole loop, whose half-width dots made it slower (docs/benchmarks.md)."""
-    hopper_backward: str = "off"
+    hopper_backward: str = "ordered"
     """`ordered` or `unordered`: also build the warp-specialized Gluon backward
     (`lowering/hopper_backward.py`: dQ, dK and dV in one kernel, 5 matmuls per tile pair
     instead of 7) for the programs it serves, run on sm_90 for shape classes whose
     operands TMA can read (the Triton kernels otherwise). dQ is summed across CTAs by TMA
     reduce-adds: `ordered` makes the key blocks add in block order (reproducible
-    gradients), `unordered` lets them add as they come (not bitwise reproducible). `off`
-    keeps the Triton kernels only."""
+    gradients; the default), `unordered` lets them add as they come (not bitwise
+    reproducible). `off` keeps the Triton kernels only (the ablation)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)

@@ -35,6 +35,7 @@ from xdsl.dialects.builtin import TensorType
 from attnfuse.dialects.attn import OnlineSoftmaxOp
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.pass_manager import make_context
+from attnfuse.passes import DEFAULT_PIPELINE
 from attnfuse.program import find_functions
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.testing import assert_grad_close, make_inputs, with_dtype
@@ -114,8 +115,14 @@ def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.
     assert "Hopper backward schedule not used: " in caplog.text and reason in caplog.text
 
 
-def test_off_by_default() -> None:
+def test_ordered_by_default() -> None:
+    """The default pipeline builds the ordered schedule for a program it serves; `off`
+    (the ablation) builds the Triton kernels alone."""
     text, _ = BACKWARD_ELIGIBLE["llama3"]
+    module = lower(text, DEFAULT_PIPELINE)
+    assert [k.sym_name.data for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")] == [
+        "llama3_bwd_ws"]
+    assert [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
     module = lower(text, backward_pipeline(hopper="off"))
     assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert not any(g for _, g, _ in backward_launches(module))
