@@ -122,7 +122,8 @@ def define_ops(signature: OpSignature, runner: Runner) -> tuple[Ops, Runner]:
     """The ops of a compiled program, registered on first use (see the module docstring),
     and the runner they call: `runner`, or the one of a live earlier compilation of the
     same program (whose launch plans are then shared). The ops hold their runner weakly,
-    so a program's kernels and plans go when its last compiled function does."""
+    so a program's kernels and plans go when its last compiled function, and the last
+    autograd graph through it, does."""
     with _lock:
         entry = _defined.get(signature.op_name)
         if entry is None:
@@ -184,17 +185,21 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
                                           schema=backward_schema)
     backward_op.register_fake(fake_backward)
     backward_overload = backward_op._opoverload  # noqa: SLF001
-    _register_autograd(forward_op, backward_overload, signature)
+    _register_autograd(forward_op, backward_overload, signature, entry)
     return Ops(forward_op._opoverload, backward_overload)  # noqa: SLF001
 
 
-def _register_autograd(forward_op: Any, backward_op: torch._ops.OpOverload, signature: OpSignature) -> None:
+def _register_autograd(forward_op: Any, backward_op: torch._ops.OpOverload, signature: OpSignature,
+                       entry: _Entry) -> None:
     tensors = tuple(p.index for p in signature.parameters if isinstance(p.type, TensorType))
     scalars = tuple(p.index for p in signature.parameters if not isinstance(p.type, TensorType))
     count = len(signature.parameters)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
         ctx.scalars = tuple(inputs[i] for i in scalars)
+        # the graph holds the runner, so `attnfuse.compile(text)(q, k, v).backward(g)` works
+        # although the compiled function is gone when backward runs
+        ctx.runner = entry.runner()
         ctx.save_for_backward(*(inputs[i] for i in tensors), *output)
 
     def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:

@@ -179,6 +179,34 @@ def test_ops_hold_their_program_weakly() -> None:
     torch.testing.assert_close(op(*args)[0], expected, rtol=0, atol=0)
 
 
+
+def test_autograd_graph_holds_its_program() -> None:
+    """`attnfuse.compile(text)(q, k, v).backward(g)`: the compiled function is gone before
+    backward runs, but the graph keeps its runner (gradients equal a kept function's), and
+    lets it go with the graph."""
+    import gc
+    import weakref
+
+    text = PROGRAM.replace("@gqa", "@gqa_graph")
+    q, k, v = inputs(grad=True)
+    kept = attnfuse.compile(text)
+    out = kept(q, k, v)
+    grad = torch.randn_like(out)
+    want = torch.autograd.grad(out, (q, k, v), grad)
+    op, runner = kept.ops.forward, weakref.ref(kept._runner)  # noqa: SLF001
+    del kept, out
+    gc.collect()
+    assert runner() is None
+    out = attnfuse.compile(text)(q, k, v)
+    gc.collect()
+    got = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    del out, got
+    gc.collect()
+    with pytest.raises(RuntimeError, match="@gqa_graph: every compiled function of this program was garbage collected"):
+        op(q.detach(), k.detach(), v.detach())
+
 def test_eager_inference_skips_the_dispatcher(fn: attnfuse.AttentionFunction, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call that needs no autograd, on plain tensors, outside torch.compile, runs the
     launch plan directly (the dispatcher costs about 28 us per call); with grad it goes
