@@ -35,8 +35,6 @@ from run_all import Baselines, inputs
 
 CONFIGS = (
     "",
-    "hopper-backward=ordered",
-    "hopper-backward=unordered",
     "dkdv-num-warps=8",
     "block-m=32 block-n=64 num-warps=8",
     "block-m=32 block-n=128 num-warps=8",

@@ -2,7 +2,7 @@
 times on the same inputs and upstream gradient, per `lower-backward` configuration:
 whether every repeat gives the same bits as the first, and the largest difference.
 
-    python bench/determinism.py --out DIR [--seq 2048] [--configs ';hopper-backward=ordered;...']
+    python bench/determinism.py --out DIR [--seq 2048] [--configs ';hopper-backward=false;...']
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--configs", default=";hopper-backward=ordered;hopper-backward=unordered")
+    parser.add_argument("--configs", default=";hopper-backward=false")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -140,21 +140,18 @@ TRAINING_VARIANTS: dict[str, str] = {
     "hybrid": pipeline("hybrid", bwd=""),
     "fused": pipeline("fused", bwd=""),
     "separate": pipeline("separate", bwd=""),
-    "ablation:hybrid_no_hopper_backward": pipeline("hybrid", bwd="hopper-backward=off"),
-    "ablation:fused_no_hopper_backward": pipeline("fused", bwd="hopper-backward=off"),
+    "ablation:hybrid_no_hopper_backward": pipeline("hybrid", bwd="hopper-backward=false"),
+    "ablation:fused_no_hopper_backward": pipeline("fused", bwd="hopper-backward=false"),
     # options of the Triton backward kernels, which the Hopper schedule replaces where it runs
-    "ablation:hybrid_dkdv_transposed": pipeline("hybrid", bwd="hopper-backward=off dkdv-transposed=true"),
-    "ablation:hybrid_dkdv_no_full_tiles": pipeline("hybrid", bwd="hopper-backward=off dkdv-full-tiles=false"),
+    "ablation:hybrid_dkdv_transposed": pipeline("hybrid", bwd="hopper-backward=false dkdv-transposed=true"),
+    "ablation:hybrid_dkdv_no_full_tiles": pipeline("hybrid", bwd="hopper-backward=false dkdv-full-tiles=false"),
     "ablation:fused_transforms_in_kernel": pipeline("fused", bwd="transforms-in-kernel=true"),
-    "ablation:hybrid_no_rotate_in_epilogue": pipeline("hybrid", bwd="hopper-backward=off rotate-in-epilogue=false"),
-    "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="hopper-backward=off rope-table=false",
+    "ablation:hybrid_no_rotate_in_epilogue": pipeline("hybrid", bwd="hopper-backward=false rotate-in-epilogue=false"),
+    "ablation:hybrid_no_rope_table": pipeline("hybrid", bwd="hopper-backward=false rope-table=false",
                                               lower="rope-table=false"),
-    "option:hybrid_hopper_backward_unordered": pipeline("hybrid", bwd="hopper-backward=unordered"),
-    "option:fused_hopper_backward_unordered": pipeline("fused", bwd="hopper-backward=unordered"),
 }
-"""Forward + backward rows: each strategy with the default backward (the ordered Hopper
-schedule on sm_90), the Triton backward kernels and their ablations, and the unordered
-schedule."""
+"""Forward + backward rows: each strategy with the default backward (the Hopper schedule
+on sm_90), and the Triton backward kernels and their ablations."""
 
 SLOW_ABLATIONS = ("ablation:fused_no_rope_table", "ablation:fused_transforms_in_kernel")
 """Measured at the first sequence length only (several times slower than the rest)."""

@@ -70,7 +70,7 @@ class BackwardHost:
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
-                 f32_dot: str = "ieee", hopper_backward: str = "off") -> None:
+                 f32_dot: str = "ieee", hopper_backward: bool = False) -> None:
         self.program = program
         self.kernels: list[Operation] = []
         online = program.online
@@ -101,8 +101,7 @@ class BackwardHost:
         self.any_pre = bool(prekernel_transforms(program.q.transforms) or prekernel_transforms(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
-        self.hopper = hopper_backward != "off" and self._hopper_eligible()
-        self.ordered = self.hopper and hopper_backward == "ordered"
+        self.hopper = hopper_backward and self._hopper_eligible()
 
     def _hopper_eligible(self) -> bool:
         p = self.program
@@ -217,8 +216,8 @@ class BackwardHost:
             self.online.plan.is_exact() or block_map is not None) else set()
 
         # Two paths where the Hopper schedule is built, chosen per shape class: the Gluon
-        # kernel adds dQ into an f32 buffer (zeroed unless `ordered` stores every tile
-        # first) that transposes (or a cast) follow; the Triton dQ and dK/dV kernels keep
+        # kernel adds dQ into an f32 buffer (zeroed unless the first adder of every tile
+        # stores it) that transposes (or a cast) follow; the Triton dQ and dK/dV kernels keep
         # their own buffers and RoPE epilogues.
         paths: list[tuple[SSAValue, SSAValue, dict[int, SSAValue]]] = []
         use_hopper: SSAValue | None = None
@@ -276,11 +275,11 @@ class BackwardHost:
         p, host = self.program, self.host
         hq = p.heads[0]
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, False, accumulate=True,
-                                zero=not (self.ordered and _band(self.online.plan).keeps_a_key_per_row()))
+                                zero=not _band(self.online.plan).keeps_a_key_per_row())
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, False)
         turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
                            {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
-                           zero=True) if self.ordered else None
+                           zero=True)
         hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
                                 host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns)
         self.kernels.extend(lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,

@@ -13,13 +13,12 @@ the tile-IR device functions the template calls:
 Q, dO, K, V, LSE, delta and the f32 dQ buffer go through TMA descriptors over their
 [rows, D] (or flat) views, so the kernel serves contiguous operands with both lengths
 multiples of 128 (`host.tma_ready` decides per shape class). The host code then has two
-guarded paths: this kernel, whose dQ is accumulated across CTAs by TMA reduce-adds into
-an f32 buffer (zeroed unless `ordered` stores every tile first) that transpose
-pre-kernels or a cast follow, in key-block order (`hopper-backward=ordered`, per-tile
-counters in a zeroed int32 buffer) or as they come (`unordered`, not bitwise
-reproducible); and the Triton dQ and dK/dV kernels with their own buffers and RoPE
-epilogues. `arith.select` joins the gradients. The schedule is an option of
-`lower-backward`, off by default.
+guarded paths: this kernel, whose dQ is accumulated across CTAs by TMA reduce-adds, in
+key-block order (per-tile counters in a zeroed int32 buffer), into an f32 buffer (zeroed
+unless the first adder of every tile stores it) that transpose pre-kernels or a cast
+follow; and the Triton dQ and dK/dV kernels with their own buffers and RoPE epilogues.
+`arith.select` joins the gradients. The schedule is `lower-backward{hopper-backward}`,
+on by default.
 
 ```mlir
 %use_hopper_bwd = host.tma_ready %q, %d_out, %k, %v, %lse, %delta {arch = 9 : i64, rows = 128 : i64} : ...
@@ -46,7 +45,7 @@ from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk
 from attnfuse.lowering.forward import LOG2E
-from attnfuse.lowering.hopper_backward_template import TEMPLATE, ordered, unordered
+from attnfuse.lowering.hopper_backward_template import TEMPLATE
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
@@ -61,7 +60,7 @@ PAIR_CHUNK = 8
 """At most this many (batch, kv head) pairs per chunk of the launch order (`coords` in the
 template; the chunk is gcd(kv heads, 8), so it divides the pair count): with 132 SMs, some
 16 CTAs in flight per pair, whose walks add into the same dQ tiles within a few steps, so
-the tiles' reduce-adds hit L2. Measured (run 20, Llama-3-8B, `unordered`), kernel us at
+the tiles' reduce-adds hit L2. Measured (run 20, Llama-3-8B, with the adds unordered), kernel us at
 S = 2048 / 8192: all pairs interleaved (2 / 8 CTAs per pair in flight) 1717 / 4974, chunks
 of 16 pairs 1328 / 4908, of 8 pairs 1310 / 4827, one pair at a time 1440 / 5226 (the
 longest walks of the last pairs then start late)."""
@@ -71,8 +70,6 @@ MAXNREG = 168
 """Register cap of the launch, as the forward's: setmaxnreg then gives 240 registers to
 each consumer warpgroup and 24 to the producer and the two dQ writers."""
 HEAD_DIMS = (64, 128)
-HOPPER_BACKWARD_MODES = ("off", "ordered", "unordered")
-"""Values of `lower-backward{hopper-backward}`."""
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +117,7 @@ class HopperBackward(DeviceFunctions):
 
     def __init__(self, program: AttentionProgram, name: str, *, q_len: SSAValue, kv_len: SSAValue,
                  dk: SSAValue, dv: SSAValue, host_table: Callable[[list[float]], SSAValue], planned: set[MaskOp],
-                 remap: dict[SSAValue, SSAValue], dq_turns: SSAValue | None = None) -> None:
+                 remap: dict[SSAValue, SSAValue], dq_turns: SSAValue) -> None:
         self.program, self.name = program, name
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -135,7 +132,7 @@ class HopperBackward(DeviceFunctions):
         sig = KernelSignature(remap)
         self.sig = sig
         self.dk_arg, self.dv_arg = sig.tensor("dK", dk), sig.tensor("dV", dv)
-        self.turns_arg = sig.tensor("dQ_turns", dq_turns) if dq_turns is not None else None
+        self.turns_arg = sig.tensor("dQ_turns", dq_turns)
         # ALiBi on every tile (`_score`), the masks on the tiles at the band's edges (`_mask`):
         # both are additive or -inf, so their order does not matter. ALiBi as slope times the
         # distance tile: its per-key / per-query vector form spilled 372 bytes at D = 128.
@@ -204,8 +201,7 @@ class HopperBackward(DeviceFunctions):
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
             **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
             dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
-            **(ordered(self.name, self.turns_arg.name, self.hq // self.hk, self._first_block())
-               if self.turns_arg is not None else unordered(self.name)),
+            turns=self.turns_arg.name, first_block=self._first_block(),
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
@@ -247,5 +243,5 @@ def lower_hopper_backward(hopper: HopperBackward, host: HostCode, *, batch: SSAV
     return ops
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HOPPER_BACKWARD_MODES", "HopperBackward", "hopper_ready",
+__all__ = ["BLOCK_M", "BLOCK_N", "HopperBackward", "hopper_ready",
            "ineligible_reason", "lower_hopper_backward"]

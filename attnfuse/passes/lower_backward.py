@@ -28,7 +28,6 @@ from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
 from attnfuse.analysis.tile_plan import backward_block_sizes
 from attnfuse.lowering.backward import DkvOptions
 from attnfuse.lowering.backward_host import BackwardHost
-from attnfuse.lowering.hopper_backward import HOPPER_BACKWARD_MODES
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.passes.lower_to_tile import check_f32_dot
@@ -84,20 +83,15 @@ class LowerBackwardPass(ModulePass):
     keep full-width dots; the epilogue splits the gradient into the rope's halves
     (`qk_side.split_parts`). Until run 16 the rotation used the half-split layout in the
     whole loop, whose half-width dots made it slower (docs/benchmarks.md)."""
-    hopper_backward: str = "ordered"
-    """`ordered` or `unordered`: also build the warp-specialized Gluon backward
-    (`lowering/hopper_backward.py`: dQ, dK and dV in one kernel, 5 matmuls per tile pair
-    instead of 7) for the programs it serves, run on sm_90 for shape classes whose
-    operands TMA can read (the Triton kernels otherwise). dQ is summed across CTAs by TMA
-    reduce-adds: `ordered` makes the key blocks add in block order (reproducible
-    gradients; the default), `unordered` lets them add as they come (not bitwise
-    reproducible). `off` keeps the Triton kernels only (the ablation)."""
+    hopper_backward: bool = True
+    """Also build the warp-specialized Gluon backward (`lowering/hopper_backward.py`: dQ,
+    dK and dV in one kernel, 5 matmuls per tile pair instead of 7) for the programs it
+    serves, run on sm_90 for shape classes whose operands TMA can read (the Triton kernels
+    otherwise). dQ is summed across CTAs by TMA reduce-adds in key-block order, so the
+    gradients are bitwise reproducible. false keeps the Triton kernels only (the ablation)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)
-        if self.hopper_backward not in HOPPER_BACKWARD_MODES:
-            raise ValueError(f"{self.name}: hopper-backward must be one of {', '.join(HOPPER_BACKWARD_MODES)}, "
-                             f"got {self.hopper_backward!r}")
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(

@@ -1,8 +1,7 @@
 """The Hopper backward schedule (warp-specialized Gluon kernel, dQ by TMA reduce-adds) on
 an sm_90 GPU: for every program of `BACKWARD_ELIGIBLE` (tests/lowering/hopper_programs.py),
-dQ, dK and dV against the float64 reference (in the `hopper-backward` mode the program
-lists: `ordered`, and `unordered` for one window program) and against the Triton backward
-(`lower-backward` without `hopper-backward`) on the same inputs and upstream gradient,
+dQ, dK and dV against the float64 reference and against the Triton backward
+(`lower-backward{hopper-backward=false}`) on the same inputs and upstream gradient,
 at a real size, with more queries than keys and fewer (bottom-right causal, where the
 first rows see no key), and at lengths that are not multiples of 128, which must fall
 back to the Triton kernels. Each case checks which backward kernels the launch plan ran.
@@ -34,14 +33,14 @@ from attnfuse.testing import GRAD_TOLERANCE, make_inputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-_FNS: dict[tuple[str, str], Any] = {}
+_FNS: dict[tuple[str, bool], Any] = {}
 
 
-def compiled(name: str, mode: str) -> Any:
-    """`name` with lower-backward{hopper-backward=mode} (`off`: the Triton backward)."""
-    if (name, mode) not in _FNS:
-        _FNS[(name, mode)] = attnfuse.compile(BACKWARD_ELIGIBLE[name][0], pipeline=backward_pipeline(hopper=mode))
-    return _FNS[(name, mode)]
+def compiled(name: str, hopper: bool) -> Any:
+    """`name` with lower-backward{hopper-backward=hopper} (false: the Triton backward)."""
+    if (name, hopper) not in _FNS:
+        _FNS[(name, hopper)] = attnfuse.compile(BACKWARD_ELIGIBLE[name], pipeline=backward_pipeline(hopper=hopper))
+    return _FNS[(name, hopper)]
 
 
 def backward_kernels(fn: Any, before: Collection[Any] = ()) -> set[str]:
@@ -66,10 +65,10 @@ def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[f
 
 
 def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: bool) -> dict[str, Any]:
-    text = BACKWARD_ELIGIBLE[name][0]
+    text = BACKWARD_ELIGIBLE[name]
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, batch, q_len, kv_len, device="cuda", seed=q_len + kv_len)
-    on, off = compiled(name, BACKWARD_ELIGIBLE[name][1]), compiled(name, "off")
+    on, off = compiled(name, True), compiled(name, False)
     out = on(*args)
     d_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(out.dtype)
     before = plan_keys(on)
@@ -97,7 +96,7 @@ def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: boo
 
 CASES = [
     *[(n, 2, 1024, 1024, True) for n in BACKWARD_ELIGIBLE if n != "bottom_right"],
-    ("window_ordered", 1, 2048, 2048, True),
+    ("window", 1, 2048, 2048, True),
     ("llama3", 1, 2048, 2048, True),
     ("bottom_right", 2, 512, 1024, True),
     ("bottom_right", 1, 512, 256, True),  # more queries than keys: the first 256 rows see nothing
@@ -112,13 +111,13 @@ def test_hopper_backward_matches_reference(name: str, batch: int, q_len: int, kv
     compare(name, batch, q_len, kv_len, expect_gluon=gluon)
 
 
-def test_ordered_gradients_are_reproducible() -> None:
-    """Two backward passes on the same inputs give the same bits with `ordered` (dK and dV
-    are written once; dQ tiles are summed in key-block order)."""
-    text = BACKWARD_ELIGIBLE["llama3"][0]
+def test_gradients_are_reproducible() -> None:
+    """Two backward passes on the same inputs give the same bits (dK and dV are written
+    once; dQ tiles are summed in key-block order)."""
+    text = BACKWARD_ELIGIBLE["llama3"]
     function = find_functions(parse_module_with_locations(make_context(), text, "llama3")[0])[0]
     args = make_inputs(function, 4, 2048, 2048, device="cuda", seed=5)
-    fn = compiled("llama3", "ordered")
+    fn = compiled("llama3", True)
     d_out = torch.randn(4, 32, 2048, 128, device="cuda").to(args[0].dtype)
     before = plan_keys(fn)
     first = gradients(fn, args, d_out)
@@ -131,16 +130,16 @@ def test_ordered_gradients_are_reproducible() -> None:
 def test_non_contiguous_k_falls_back() -> None:
     """window reads K as given (no pre-kernel): a [B, S, H, D]-strided K cannot be a TMA
     descriptor over [B*H*S, D]."""
-    text = BACKWARD_ELIGIBLE["window"][0]
+    text = BACKWARD_ELIGIBLE["window"]
     function = find_functions(parse_module_with_locations(make_context(), text, "window")[0])[0]
     args = make_inputs(function, 1, 256, 256, device="cuda", seed=0)
     args[1] = args[1].transpose(1, 2).contiguous().transpose(1, 2)
-    fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper="unordered"))
+    fn = attnfuse.compile(text, pipeline=backward_pipeline())
     out = fn(*args)
     d_out = torch.randn(out.shape, device="cuda").to(out.dtype)
     before = plan_keys(fn)  # compiled functions of one program share their launch plans
     got = gradients(fn, args, d_out)
-    ref = gradients(compiled("window", "off"), args, d_out)
+    ref = gradients(compiled("window", False), args, d_out)
     ran = backward_kernels(fn, before)
     assert "window_bwd_dkdv" in ran and "window_bwd_ws" not in ran, sorted(ran)
     # the same Triton kernels, dQ summed into an f32 buffer and cast

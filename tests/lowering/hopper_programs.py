@@ -53,9 +53,9 @@ def sm90_resources(programs: list[tuple[str, str]], timeout: int) -> dict[str, d
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def backward_pipeline(strategy: str = "hybrid", hopper: str = "ordered", forward_hopper: bool = True) -> str:
+def backward_pipeline(strategy: str = "hybrid", hopper: bool = True, forward_hopper: bool = True) -> str:
     """`pipeline` with lower-backward and its `hopper-backward` option."""
-    backward = f"lower-backward{{hopper-backward={hopper}}}"
+    backward = f"lower-backward{{hopper-backward={str(hopper).lower()}}}"
     return pipeline(strategy, forward_hopper).replace("mask-tiling,", f"mask-tiling,{backward},")
 
 
@@ -187,14 +187,11 @@ def _alibi_window() -> str:
     return b.build().text
 
 
-BACKWARD_ELIGIBLE: dict[str, tuple[str, str]] = {
-    **{n: (ELIGIBLE[n][0], "ordered") for n in ("llama3", "llama3_1", "qwen3", "bottom_right", "d64", "alibi")},
-    "alibi_window": (_alibi_window(), "ordered"),
-    "window": (ELIGIBLE["window"][0], "unordered"),
-    "window_ordered": (_window("window_ordered"), "ordered"),
+BACKWARD_ELIGIBLE: dict[str, str] = {
+    **{n: ELIGIBLE[n][0] for n in ("llama3", "llama3_1", "qwen3", "bottom_right", "d64", "alibi", "window")},
+    "alibi_window": _alibi_window(),
 }
-"""Programs the Hopper backward schedule serves: name -> (program text, the
-`hopper-backward` mode to test)."""
+"""Programs the Hopper backward schedule serves: name -> program text."""
 
 BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "gemma2_like": (_gemma2_like(), backward_pipeline(), "score op attn.softcap"),
@@ -205,6 +202,6 @@ BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "d96": (_d96(), backward_pipeline(), "head dims 96/96"),
     "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), backward_pipeline(), "not all bf16 or all f16"),
     "llama3_in_kernel": ((EXAMPLES / "llama3.attn").read_text(), backward_pipeline("fused").replace(
-        "hopper-backward=ordered", "hopper-backward=ordered transforms-in-kernel=true"), "transforms-in-kernel"),
+        "hopper-backward=true", "hopper-backward=true transforms-in-kernel=true"), "transforms-in-kernel"),
 }
 """name -> (program text, pipeline, a fragment of the reason logged)."""

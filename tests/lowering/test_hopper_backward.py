@@ -51,8 +51,8 @@ def backward_launches(module: object) -> list[tuple[str, bool, bool]]:
 
 @pytest.mark.parametrize("name", sorted(BACKWARD_ELIGIBLE))
 def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
-    text, mode = BACKWARD_ELIGIBLE[name]
-    module = lower(text, backward_pipeline(hopper=mode))
+    text = BACKWARD_ELIGIBLE[name]
+    module = lower(text, backward_pipeline())
     kernels = [k.sym_name.data for k in ops_of(module, th.KernelOp)]
     assert f"{name}_bwd_ws" in kernels
     launches = backward_launches(module)
@@ -78,8 +78,8 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     assert all(op.result in returned for op in selects)
     (ready,) = [op for op in ops_of(module, TmaReadyOp) if op.result.name_hint == "use_hopper_bwd"]
     assert ready.rows.value.data == 128
-    # dQ is summed into an f32 buffer, zeroed unless `ordered` stores each tile's first
-    # addend and every row sees a key (no band, or a top-left one keeping the diagonal)
+    # dQ is summed into an f32 buffer, zeroed unless every row sees a key (the first
+    # adder of each tile stores it) (no band, or a top-left one keeping the diagonal)
     (online,) = ops_of(lower(text, "attn-canonicalize,rope-fusion,online-softmax,mask-tiling"), OnlineSoftmaxOp)
     lower_bound, upper_bound = online.plan.get_band()
     covered = lower_bound is None and (upper_bound is None or (
@@ -87,22 +87,21 @@ def test_eligible_program_gets_the_hopper_backward(name: str) -> None:
     (d_q,) = [op for op in ops_of(module, AllocOp) if op.result.name_hint in ("d_q_f32", "d_q_rotated")
               and op.cond is not None and op.unless is None]
     assert "f32" in str(d_q.result.type)
-    assert (d_q.zero is None) == (mode == "ordered" and covered), (name, online.plan.get_band())
+    assert (d_q.zero is None) == covered, (name, online.plan.get_band())
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert f"{name}_bwd_ws_reduce_add(dq_desc" in kernel.template.data
-    assert ("tma.async_copy_shared_to_global(dq_desc" in kernel.template.data) == (mode == "ordered")
-    # ordered: a zeroed int32 counter per (batch, q head, 64-row tile, column half)
-    turns = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
-    assert len(turns) == (mode == "ordered")
+    assert "tma.async_copy_shared_to_global(dq_desc" in kernel.template.data
+    # the adds in key-block order: a zeroed int32 counter per (batch, q head, 64-row
+    # tile, column half)
+    (turns,) = [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
     ordered_lines = ("        tile_turn = dQ_turns + batch * dQ_turns_stride0 + head * dQ_turns_stride1",
                      f"        {name}_bwd_ws_take_turn(tile_turn, turn)", f"        {name}_bwd_ws_pass_turn(tile_turn)")
-    assert all((line in kernel.template.data) == (mode == "ordered") for line in ordered_lines)
+    assert all(line in kernel.template.data for line in ordered_lines)
     # one dQ writer warp per consumer warpgroup
     assert f"({name}_bwd_ws_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, " in kernel.template.data
-    if turns:
-        q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
-        assert turns[0].zero is not None
-        assert str(turns[0].result.type) == f"tensor<?x{q_heads}x?x2xi32>"
+    q_heads = ops_of(module, TmaReadyOp)[-1].tensors[0].type.get_shape()[1]
+    assert turns.zero is not None
+    assert str(turns.result.type) == f"tensor<?x{q_heads}x?x2xi32>"
 
 
 @pytest.mark.parametrize("name", sorted(BACKWARD_INELIGIBLE))
@@ -115,21 +114,21 @@ def test_ineligible_program_keeps_the_triton_backward(name: str, caplog: pytest.
     assert "Hopper backward schedule not used: " in caplog.text and reason in caplog.text
 
 
-def test_ordered_by_default() -> None:
-    """The default pipeline builds the ordered schedule for a program it serves; `off`
-    (the ablation) builds the Triton kernels alone."""
-    text, _ = BACKWARD_ELIGIBLE["llama3"]
+def test_hopper_backward_by_default() -> None:
+    """The default pipeline builds the schedule for a program it serves;
+    `hopper-backward=false` (the ablation) builds the Triton kernels alone."""
+    text = BACKWARD_ELIGIBLE["llama3"]
     module = lower(text, DEFAULT_PIPELINE)
     assert [k.sym_name.data for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")] == [
         "llama3_bwd_ws"]
     assert [op for op in ops_of(module, AllocOp) if op.result.name_hint == "d_q_turns"]
-    module = lower(text, backward_pipeline(hopper="off"))
+    module = lower(text, backward_pipeline(hopper=False))
     assert not [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     assert not any(g for _, g, _ in backward_launches(module))
 
 
 def test_planned_masks_run_on_masked_tiles_only() -> None:
-    module = lower(BACKWARD_ELIGIBLE["window"][0], backward_pipeline(hopper="unordered"))
+    module = lower(BACKWARD_ELIGIBLE["window"], backward_pipeline())
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp) if "_bwd_ws" in f.sym_name.data]
     assert names == ["window_bwd_ws_range", "window_bwd_ws_mask"]
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
@@ -140,11 +139,11 @@ def test_planned_masks_run_on_masked_tiles_only() -> None:
 def test_gluon_backward_kernels_compile_for_sm90() -> None:
     """Every eligible program's backward kernel, in a fresh process (one that interprets
     kernels cannot compile them)."""
-    resources = sm90_resources([(text, backward_pipeline(hopper=mode, forward_hopper=False))
-                                for text, mode in BACKWARD_ELIGIBLE.values()], timeout=1200)
+    resources = sm90_resources([(text, backward_pipeline(forward_hopper=False))
+                                for text in BACKWARD_ELIGIBLE.values()], timeout=1200)
     assert sorted(resources) == sorted(f"{name}_bwd_ws" for name in BACKWARD_ELIGIBLE)
     for name, r in resources.items():
-        head_dim = find_functions(parse_module_with_locations(make_context(), BACKWARD_ELIGIBLE[name[:-len("_bwd_ws")]][0],
+        head_dim = find_functions(parse_module_with_locations(make_context(), BACKWARD_ELIGIBLE[name[:-len("_bwd_ws")]],
                                                               name)[0])[0].args[0].type.get_shape()[3]
         # at most a few scalars in local memory (none; 40 bytes with ALiBi and a window,
         # the CTA's coordinates among them); the ordered spin loop and the predicated
@@ -159,19 +158,19 @@ def test_gluon_backward_kernels_compile_for_sm90() -> None:
 
 
 @pytest.mark.parametrize(("name", "q_len", "kv_len"), [("llama3", 40, 40), ("bottom_right", 24, 56), ("window", 70, 70),
-                                                        ("window_ordered", 70, 70), ("alibi", 50, 50),
+                                                        ("alibi", 50, 50),
                                                         ("alibi_window", 40, 90)])
 def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) -> None:
     """On the CPU the guard is false: the Triton path runs, with its own buffers and RoPE
     epilogues, the same kernels and the same bits as without the schedule (no f32 dQ
     buffer, no transposes a Triton epilogue can do); the gradients match the float64
     reference (f16: the interpreter truncates bf16)."""
-    text = with_dtype(BACKWARD_ELIGIBLE[name][0], "f16")
+    text = with_dtype(BACKWARD_ELIGIBLE[name], "f16")
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, 1, q_len, kv_len, seed=3)
     d_out: torch.Tensor | None = None
     grads, kernels = {}, {}
-    for mode in (BACKWARD_ELIGIBLE[name][1], "off"):
+    for mode in (True, False):
         fn = attnfuse.compile(text, pipeline=backward_pipeline(hopper=mode))
         leaves = [t.clone().requires_grad_() for t in args]
         out = fn(*leaves)
@@ -181,13 +180,12 @@ def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) ->
         grads[mode] = [leaf.grad for leaf in leaves]
         kernels[mode] = sorted(step.meta.name for plan in fn._backward._plans.values() for step in plan.steps
                                if isinstance(step, KernelLaunch))
-    mode = BACKWARD_ELIGIBLE[name][1]
-    assert kernels[mode] == kernels["off"]
-    assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["off"]))  # type: ignore[arg-type]
+    assert kernels[True] == kernels[False]
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))  # type: ignore[arg-type]
     refs = [t.double().requires_grad_() for t in args]
     assert d_out is not None
     reference.run(text, *refs).backward(d_out.double())
-    for what, got, ref in zip("qkv", grads[mode], refs):
+    for what, got, ref in zip("qkv", grads[True], refs):
         assert ref.grad is not None
         assert_grad_close(got, ref.grad, torch.float16, f"d{what}")
 
@@ -226,7 +224,7 @@ def test_ordered_turns_follow_the_walk(align: str) -> None:
         if mask["kind"] != "none":
             b.mask(mask["kind"], align=align, **options)
         module = lower(b.build().text, "attn-canonicalize,rope-fusion,online-softmax,mask-tiling,"
-                       "lower-backward{hopper-backward=ordered}")
+                       "lower-backward")
         (online,) = ops_of(module, OnlineSoftmaxOp)
         band = online.plan.get_band()
         bottom_right = online.plan.is_bottom_right()
@@ -256,7 +254,7 @@ def test_launch_order_covers_every_block_once(batch: int, kv_len: int, kv_heads:
 
     b = Builder("order", hq=2 * kv_heads, hkv=kv_heads, d=64, dtype="bf16")
     b.mask("causal")
-    module = lower(b.build().text, backward_pipeline(hopper="ordered", forward_hopper=False))
+    module = lower(b.build().text, backward_pipeline(forward_hopper=False))
     (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
     (launch,) = [op for op in ops_of(module, LaunchOp) if op.kernel.root_reference.data.endswith("_bwd_ws")]
     assert [v.name_hint for v in launch.operands[:2]] == ["ws_grid_chunk", "ws_chunks"]

@@ -45,7 +45,7 @@ EXAMPLE_TEXT = {p.stem: p.read_text() for p in EXAMPLES}
 WITH_TRANSFORMS = {"document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3"}
 PIPELINE = (
     "attn-canonicalize,rope-fusion{{strategy={}}},online-softmax,mask-tiling{{block-m=16 block-n=16}},"
-    "lower-backward{{block-m=16 block-n=16 transforms-in-kernel=true hopper-backward=off}},lower-to-tile"
+    "lower-backward{{block-m=16 block-n=16 transforms-in-kernel=true hopper-backward=false}},lower-to-tile"
 )
 """The Triton backward kernels alone: the Hopper schedule's guarded path, which the default
 adds for the programs it serves, is tested in tests/lowering/test_hopper_backward.py."""

@@ -1,13 +1,13 @@
 // lower-backward: the @f_backward host function (its arguments, launches, results and
 // attnfuse.grad_of) and the tile kernels it launches (preprocess, dQ, dK/dV, and with
 // hybrid/separate the recomputed pre-kernels and their transposes) of the Triton path
-// (`hopper-backward=off`; the Hopper schedule's guarded path is checked in
+// (`hopper-backward=false`; the Hopper schedule's guarded path is checked in
 // tests/lowering/test_hopper_backward.py).
 // --verify-diagnostics: the last chunk's error must match its expected-error annotation.
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 transforms-in-kernel=true}' | filecheck %s --check-prefix=FUSED
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false hopper-backward=off}' | filecheck %s --check-prefix=HYBRID
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false hopper-backward=off}' | filecheck %s --check-prefix=SEPARATE
-// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=true hopper-backward=off}' | filecheck %s --check-prefix=EPILOGUE
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false hopper-backward=false}' | filecheck %s --check-prefix=HYBRID
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=separate},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=false hopper-backward=false}' | filecheck %s --check-prefix=SEPARATE
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics -p 'attn-canonicalize,rope-fusion{strategy=hybrid},online-softmax,mask-tiling{block-m=16 block-n=16},lower-backward{block-m=16 block-n=16 rotate-in-epilogue=true hopper-backward=false}' | filecheck %s --check-prefix=EPILOGUE
 // RUN: not attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,lower-backward' 2>&1 | filecheck %s --check-prefix=PREREQ
 // PREREQ: pass 'lower-backward' requires 'mask-tiling' to run earlier in the pipeline
 
