@@ -161,6 +161,9 @@ class AttentionFunction:
         backward = by_name.get(f"{self.name}_backward")
         self._backward: HostProgram | None = None
         self._grad_of: list[int] = []
+        saved_backward = by_name.get(f"{self.name}_backward_saved")
+        saved = by_name[self.name].attributes.get("attnfuse.saved")
+        saved_args = tuple(int(a.value.data) for a in saved.data) if isinstance(saved, ArrayAttr) else ()  # type: ignore[attr-defined]
         if backward is not None:
             self._backward = HostProgram(backward, self.triton_source, metadata)
             grad_of = backward.attributes["attnfuse.grad_of"]
@@ -180,9 +183,11 @@ class AttentionFunction:
             out_dim=dim,
             out_order=self._host.result_order(0),
             grad_of=tuple(self._grad_of),
+            saved=saved_args if saved_backward is not None else (),
             no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
         )
-        runner = Runner(self._host, self._backward, self._checker, self._grad_of)
+        runner = Runner(self._host, self._backward, self._checker, self._grad_of,
+                        HostProgram(saved_backward, self.triton_source, metadata) if saved_backward is not None else None)
         self.ops: Ops
         self.ops, self._runner = define_ops(self.op_signature, runner)
         self._host, self._backward = self._runner.host, self._runner.backward  # shared with a live twin
@@ -241,7 +246,7 @@ class AttentionFunction:
             out, lse = self._forward(args, want_lse)[:2]
             return (out, lse) if want_lse else out
         try:
-            out, lse = self._op(*args)
+            out, lse = self._op(*args)[:2]
         except (RuntimeError, TypeError):
             try:  # arguments the op's schema rejects: say which and why
                 self._checker.check(args)
@@ -264,9 +269,10 @@ class AttentionFunction:
     def count_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-to-tile{count-tiles=true}`."""
         results = self._forward(self._checker.scalars(args))
-        if len(results) < 3:
+        counter = 2 + len(self.op_signature.saved)  # after out, lse and the saved transforms
+        if len(results) <= counter:
             raise ValueError("compile with lower-to-tile{count-tiles=true} to count tiles")
-        return int(results[2].item())
+        return int(results[counter].item())
 
     def count_backward_tiles(self, *args: Any) -> int:
         """Debug helper for programs lowered with `lower-backward{count-tiles=true}`: the

@@ -64,14 +64,19 @@ def _f32_like(ty: Attribute) -> TensorType:
 
 
 class BackwardHost:
-    """Builds one backward host function and its kernels."""
+    """Builds one backward host function and its kernels.
+
+    `given`: sides ("q", "k") whose argument holds the side already transformed, as the
+    forward's pre-kernel left it (`saved_sides`): the function, named
+    `<name>_backward_saved`, recomputes no pre-kernel for them."""
 
     def __init__(self, program: AttentionProgram, block_m: int, block_n: int, warps: int, stages: int,
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
-                 f32_dot: str = "ieee", hopper_backward: bool = False) -> None:
+                 f32_dot: str = "ieee", hopper_backward: bool = False, given: tuple[str, ...] = ()) -> None:
         self.program = program
+        self.given = given
         self.kernels: list[Operation] = []
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -111,6 +116,17 @@ class BackwardHost:
         if reason is not None:
             logger.debug("@%s: Hopper backward schedule not used: %s", self.name, reason)
         return reason is None
+
+    def saved_sides(self) -> tuple[str, ...]:
+        """Sides whose forward pre-kernel output is what this backward's pre-kernel would
+        recompute, RoPE alone (its transpose needs no input): the forward returns that
+        output, the autograd formula saves it instead of the input, and
+        `<name>_backward_saved` reads it. (The transpose of a QK-norm reads the input,
+        so such sides are recomputed.)"""
+        sides = {"q": self.program.q.transforms, "k": self.program.k.transforms}
+        return tuple(tag for tag, tf in sides.items()
+                     if (pre := self.pre(tf)) and pre == prekernel_transforms(tf)
+                     and all(isinstance(t, RopeOp) for t in pre))
 
     def pre(self, transforms: list) -> list:
         """Transforms the backward recomputes in pre-kernels.
@@ -157,7 +173,7 @@ class BackwardHost:
         for tag, (side, source, seq) in sides.items():
             pre = self.pre(side.transforms)
             inputs[tag] = source
-            if pre:
+            if pre and tag not in self.given:
                 assert isinstance(source.type, TensorType)
                 target = host.alloc(source.type, {0: batch, 2: seq}, f"{tag}_transformed")
                 name = f"{self.name}_bwd_{tag}_prologue"
@@ -257,7 +273,7 @@ class BackwardHost:
         # The tile counter (`count-tiles`) is an extra result after the gradients.
         self.host.builder.insert(func.ReturnOp(*self.results, *([counter] if counter is not None else [])))
         bwd = func.FuncOp(
-            f"{self.name}_backward",
+            f"{self.name}_backward_saved" if self.given else f"{self.name}_backward",
             func.FunctionType.from_lists(list(self.block.arg_types),
                                          [r.type for r in self.results] + ([counter.type] if counter is not None else [])),
             Region(self.block),

@@ -270,8 +270,14 @@ class LowerToTilePass(ModulePass):
 
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)
-        # Host functions return (out, lse[, tile_count]), whatever the program returned.
-        results = [out, lse] + ([counter] if counter is not None else [])
+        # Host functions return (out, lse[, saved...][, tile_count]), whatever the program
+        # returned: `saved`, the pre-kernel outputs that `lower-backward` asks for
+        # (`attnfuse.saved`: the autograd formula keeps them for `@f_backward_saved`).
+        saved = function.attributes.get("attnfuse.saved")
+        transformed = {program.q.arg_index: q_in, program.k.arg_index: k_in}
+        kept = [transformed[a.value.data] for a in saved.data] if isinstance(saved, ArrayAttr) else []  # type: ignore[attr-defined]
+        assert all(t not in (q, k) for t in kept), "attnfuse.saved names a side without a pre-kernel"
+        results = [out, lse, *kept] + ([counter] if counter is not None else [])
         function.function_type = func.FunctionType.from_lists(
             function.function_type.inputs.data, [r.type for r in results]
         )

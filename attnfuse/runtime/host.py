@@ -325,31 +325,29 @@ class HostProgram:
 
     def _plan(self, device: torch.device, blank: Slots, steps: list[Step], slots: Slots) -> LaunchPlan:
         """The plan of `steps`, with the buffers they allocate that qualify as scratch
-        (see `plan`): uninitialized, read by launches and shape checks only, returned as
-        result 1 at most (then only for calls that drop it); in program order while they
-        total at most `SCRATCH_BYTES`."""
+        (see `plan`): uninitialized, read by launches and shape checks only, not returned
+        or returned after result 0 (then only for calls that drop those results: the lse
+        and the saved transforms of a forward); in program order while they total at
+        most `SCRATCH_BYTES`."""
         values = {index: value for value, index in self.slots.items()}
-        lse = self.returns[1] if len(self.returns) > 1 and self.returns.count(self.returns[1]) == 1 else None
+        droppable = {r for r in self.returns[1:] if self.returns.count(r) == 1 and r != self.returns[0]}
         internal: list[Step] = []
-        dropped: Step | None = None
+        dropped: list[Step] = []
         size = 0
         for step in steps:
             out = getattr(step, "out", None)
-            if out is None or (out in self.returns and out != lse):
+            if out is None or (out in self.returns and out not in droppable):
                 continue
             nbytes = slots[out].numel() * slots[out].element_size()
             if not _launch_buffer(values[out]) or size + nbytes > SCRATCH_BYTES:
                 continue
             size += nbytes
-            if out == lse:
-                dropped = step
-            else:
-                internal.append(step)
-        if not internal and dropped is None:
+            (dropped if out in droppable else internal).append(step)
+        if not internal and not dropped:
             return LaunchPlan(device, blank, steps, self.returns)
         scratch = Scratch(internal, dropped, self.n_args, device)
         reusing = [s for s in steps if s not in internal]
-        return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s is not dropped])
+        return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s not in dropped])
 
     def _int_step(self, fn: Callable[..., int], op: Operation, out: int, slots: Slots,
                   static: set[int]) -> Step | None:

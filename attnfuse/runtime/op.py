@@ -4,15 +4,19 @@
 namespace, named after the function and a digest of its compiled form (the Triton source,
 the host code and the kernels' metadata), so two compilations of one program share them:
 
-- `attnfuse::<name>_<digest>(<the program's arguments>) -> (Tensor out, Tensor lse)`, the
-  forward host program, with a fake implementation (shapes and dtypes only, after the
-  signature checks) for meta tensors, `torch.compile` and `torch.export`;
+- `attnfuse::<name>_<digest>(<the program's arguments>) -> (Tensor out, Tensor lse, ...)`,
+  the forward host program, with a fake implementation (shapes and dtypes only, after the
+  signature checks) for meta tensors, `torch.compile` and `torch.export`; after lse come
+  the transformed Q / K of the arguments `OpSignature.saved` names (the forward's
+  pre-kernel outputs);
 - `attnfuse::<name>_<digest>_backward(<arguments>, Tensor fwd_out, Tensor fwd_lse,
   Tensor grad_out, Tensor? grad_lse) -> Tensor[]`, the compiled backward, one gradient
   per differentiable argument (`OpSignature.grad_of`), also with a fake implementation.
 
-The forward op's autograd formula (`register_autograd`) saves the inputs, out and lse
-and calls the backward op, so a compiled graph contains both ops as single nodes: dynamo
+The forward op's autograd formula (`register_autograd`) saves the inputs (the transformed
+Q / K in place of those `saved` names), out and lse and calls the backward op (then
+`attnfuse::<name>_<digest>_backward_saved`, which reads them and recomputes no
+pre-kernel), so a compiled graph contains both ops as single nodes: dynamo
 never traces into the loader or Triton's interpreter. Tensor arguments become `Tensor`,
 integer scalars (dropout seeds) `SymInt`, float scalars (score_mod captures) `float`. A program without a backward gets a formula
 that raises its reason.
@@ -64,6 +68,9 @@ class OpSignature:
     """The arguments the backward returns a gradient for, in its result order."""
     no_backward: str | None
     """Why there is no backward; None when there is one."""
+    saved: tuple[int, ...] = ()
+    """Arguments whose transformed form (a pre-kernel's output) the forward op returns
+    after lse, for the autograd formula to save in their place (`attnfuse.saved`)."""
 
     @property
     def op_name(self) -> str:
@@ -78,7 +85,7 @@ class OpSignature:
                 name = f"arg{p.index}"
             names.append(name)
         arguments = ", ".join(f"{_schema_type(p)} {n}" for p, n in zip(self.parameters, names))
-        forward = f"({arguments}) -> (Tensor, Tensor)"
+        forward = f"({arguments}) -> (Tensor, Tensor{', Tensor' * len(self.saved)})"
         backward = f"({arguments}, Tensor fwd_out, Tensor fwd_lse, Tensor grad_out, Tensor? grad_lse) -> Tensor[]"
         return forward, backward
 
@@ -99,6 +106,8 @@ class Ops:
 
     forward: torch._ops.OpOverload
     backward: torch._ops.OpOverload | None
+    backward_saved: torch._ops.OpOverload | None = None
+    """The backward on the saved transforms (`OpSignature.saved`), where there are some."""
 
 
 class _Entry:
@@ -144,11 +153,12 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
     checker = runner.checker  # the same checks for every compilation of the program
     q_index = checker.qkv[0]
 
-    def run_forward(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = entry.live(signature.name).forward(args)[:2]
-        return out, lse
+    results = 2 + len(signature.saved)
 
-    def fake_forward(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_forward(*args: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(entry.live(signature.name).forward(args)[:results])
+
+    def fake_forward(*args: Any) -> tuple[torch.Tensor, ...]:
         checker.check(args, fake=True)
         q = args[q_index]
         batch, length = q.shape[0], q.shape[2]
@@ -159,7 +169,8 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
         else:  # the strides the host code gives it
             stored = q.new_empty(tuple(shape[d] for d in order), dtype=signature.out_dtype)
             out = stored.permute(tuple(order.index(d) for d in range(len(order))))
-        return out, q.new_empty((batch, signature.out_heads, length), dtype=torch.float32)
+        lse = q.new_empty((batch, signature.out_heads, length), dtype=torch.float32)
+        return (out, lse, *(args[i].new_empty(args[i].shape) for i in signature.saved))
 
     forward_op = torch.library.custom_op(qualname, run_forward, mutates_args=(), schema=forward_schema)
     forward_op.register_fake(fake_forward)
@@ -185,24 +196,39 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
                                           schema=backward_schema)
     backward_op.register_fake(fake_backward)
     backward_overload = backward_op._opoverload  # noqa: SLF001
-    _register_autograd(forward_op, backward_overload, signature, entry)
-    return Ops(forward_op._opoverload, backward_overload)  # noqa: SLF001
+    saved_overload = None
+    if signature.saved:
+        def run_backward_saved(*args: Any) -> list[torch.Tensor]:
+            *inputs, out, lse, d_out, d_lse = args
+            grads = entry.live(signature.name).gradients(inputs, out, lse, d_out, d_lse, saved=True)
+            return [grads[i] for i in signature.grad_of]  # type: ignore[misc]
+
+        saved_op = torch.library.custom_op(f"{qualname}_backward_saved", run_backward_saved, mutates_args=(),
+                                           schema=backward_schema)
+        saved_op.register_fake(fake_backward)
+        saved_overload = saved_op._opoverload  # noqa: SLF001
+    _register_autograd(forward_op, saved_overload or backward_overload, signature, entry)
+    return Ops(forward_op._opoverload, backward_overload, saved_overload)  # noqa: SLF001
 
 
 def _register_autograd(forward_op: Any, backward_op: torch._ops.OpOverload, signature: OpSignature,
                        entry: _Entry) -> None:
+    """`backward_op` takes the saved transforms in place of their arguments when the
+    signature has some (`_backward_saved`)."""
     tensors = tuple(p.index for p in signature.parameters if isinstance(p.type, TensorType))
     scalars = tuple(p.index for p in signature.parameters if not isinstance(p.type, TensorType))
     count = len(signature.parameters)
 
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
         ctx.scalars = tuple(inputs[i] for i in scalars)
         # the graph holds the runner, so `attnfuse.compile(text)(q, k, v).backward(g)` works
         # although the compiled function is gone when backward runs
         ctx.runner = entry.runner()
-        ctx.save_for_backward(*(inputs[i] for i in tensors), *output)
+        out, lse, *transformed = output
+        kept = dict(zip(signature.saved, transformed))  # the input itself is not kept
+        ctx.save_for_backward(*(kept.get(i, inputs[i]) for i in tensors), out, lse)
 
-    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None) -> tuple[Any, ...]:
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
         *saved, out, lse = ctx.saved_tensors
         args: list[Any] = [None] * count
         for i, t in zip(tensors, saved):

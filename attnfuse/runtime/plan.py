@@ -1,10 +1,11 @@
 """Launch plans: the steps of one host program for one shape class (see `host`).
 
 `LaunchPlan.run` runs a plan's steps on a call's arguments under the plan's device and
-returns the host program's results. Buffers that never leave a call (the rotated K of a
-pre-kernel, a table built per call, split-KV workspaces) are *scratch*: a plan keeps one
-set per stream (`Scratch`) and runs its steps without their allocations; a call that
-drops the lse (eager inference that returns only `out`) treats the lse the same way.
+returns the host program's results. Buffers that never leave a call (a table built per
+call, split-KV workspaces) are *scratch*: a plan keeps one set per stream (`Scratch`)
+and runs its steps without their allocations; a call that drops every result but the
+first (eager inference that returns only `out`) treats the others (the lse, the rotated
+K a forward returns for its backward) the same way.
 This is the caching allocator's own rule: memory that a call's kernels use on a stream
 may serve the next call on that stream, whose kernels run after them. Calls that use
 scratch run their steps one at a time per plan (a lock), so no other call's launches
@@ -13,8 +14,8 @@ every buffer is allocated as usual (a graph keeps its addresses).
 
 `HostProgram` decides which buffers are scratch: those the host code allocates
 uninitialized that only launches and shape-only ops (`host.dim`, `host.tma_ready`) use,
-not returned (the lse: returned as result 1 only), in program order while they total at
-most `SCRATCH_BYTES`.
+not returned (or returned after result 0 only, for the calls that drop them), in program
+order while they total at most `SCRATCH_BYTES`.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ class Scratch:
 
     __slots__ = ("allocs", "blanks", "cuda_index", "dropped", "lock", "n_args", "stream")
 
-    def __init__(self, allocs: Sequence[Step], dropped: Step | None, n_args: int, device: torch.device) -> None:
+    def __init__(self, allocs: Sequence[Step], dropped: Sequence[Step], n_args: int, device: torch.device) -> None:
         self.allocs = tuple(allocs)
         """The allocation steps of the buffers that never leave a call (each writes its
         slot `out`, counting the `n_args` arguments)."""
-        self.dropped = dropped
-        """The allocation step of result 1, for calls that drop it."""
+        self.dropped = tuple(dropped)
+        """The allocation steps of the results after the first, for calls that drop them."""
         self.n_args = n_args
         self.cuda_index = device.index if device.type == "cuda" else None
         self.lock = threading.Lock()
@@ -63,14 +64,14 @@ class Scratch:
         return self.stream(self.cuda_index)
 
     def blank(self, key: int, blank: Slots, lse: bool) -> Slots:
-        """A plan's `blank` slots with the buffers of stream `key` in place, result 1's
-        too unless `lse` (call it under `lock`)."""
+        """A plan's `blank` slots with the buffers of stream `key` in place, those of the
+        results after the first too unless `lse` (call it under `lock`)."""
         dropped = self.dropped
-        lse = lse or dropped is None
+        lse = lse or not dropped
         found = self.blanks.get((key, lse))
         if found is None:
             slots = [*([None] * self.n_args), *(blank if lse else self.blank(key, blank, True))]
-            for alloc in self.allocs if lse or dropped is None else (dropped,):
+            for alloc in self.allocs if lse else dropped:
                 alloc(slots)
             found = self.blanks[key, lse] = slots[self.n_args:]
         return found
@@ -80,8 +81,8 @@ class LaunchPlan:
     """The steps of one host program for one shape class (see the module docstring).
 
     `steps` allocate every buffer; with `scratch`, `reusing` are the steps without the
-    allocations of its buffers, and `lean` also without result 1's (for calls that drop
-    it; `reusing` when it is not scratch)."""
+    allocations of its buffers, and `lean` also without those of the results after the
+    first (for calls that drop them; `reusing` when they are not scratch)."""
 
     def __init__(self, device: torch.device, blank: Slots, steps: list[Step], returns: tuple[int, ...],
                  scratch: Scratch | None = None, reusing: list[Step] | None = None,
@@ -96,7 +97,8 @@ class LaunchPlan:
         self.lean = self.reusing if lean is None else lean
 
     def run(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
-        """The host program's results on `args`; `lse=False`: the caller drops result 1."""
+        """The host program's results on `args`; `lse=False`: the caller drops every
+        result after the first."""
         if self.cuda_index is not None and torch.cuda.current_device() != self.cuda_index:
             with torch.cuda.device(self.device):
                 return self._run(args, lse)

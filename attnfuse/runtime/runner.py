@@ -20,19 +20,22 @@ from attnfuse.runtime.host import HostProgram, call_signature
 class Runner:
     """Forward and backward of one compiled program, on converted arguments."""
 
-    __slots__ = ("__weakref__", "backward", "checker", "grad_of", "host")
+    __slots__ = ("__weakref__", "backward", "backward_saved", "checker", "grad_of", "host")
 
     def __init__(self, host: HostProgram, backward: HostProgram | None, checker: ArgumentChecker,
-                 grad_of: Sequence[int]) -> None:
+                 grad_of: Sequence[int], backward_saved: HostProgram | None = None) -> None:
         self.host = host
         self.backward = backward
+        self.backward_saved = backward_saved
+        """`@f_backward_saved`: the arguments `OpSignature.saved` names hold what the
+        forward returned for them (their pre-kernel's output)."""
         self.checker = checker
         self.grad_of = tuple(grad_of)
 
     def forward(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """The forward host program's results (out, lse, ...) on arguments whose scalars
         are converted: the plan of the call's shape class, or a new one. `lse=False`:
-        the caller drops lse (see `LaunchPlan.run`)."""
+        the caller drops every result after out (see `LaunchPlan.run`)."""
         signature = call_signature(args)
         plan = self.host.plan(signature)
         device = self.checker.check(args) if plan is None else None
@@ -44,23 +47,25 @@ class Runner:
         return self.host.build(args, signature, device)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
-                  d_lse: torch.Tensor | None = None) -> list[torch.Tensor | None]:
-        """Run the compiled backward: one gradient per argument (None where there is none)."""
-        results = self.backward_results(args, out, lse, d_out, d_lse)
+                  d_lse: torch.Tensor | None = None, *, saved: bool = False) -> list[torch.Tensor | None]:
+        """Run the compiled backward: one gradient per argument (None where there is none).
+        `saved`: `args` hold the forward's saved transforms (`@f_backward_saved`)."""
+        results = self.backward_results(args, out, lse, d_out, d_lse, saved=saved)
         grads: list[torch.Tensor | None] = [None] * len(self.checker.parameters)
         for index, grad in zip(self.grad_of, results):
             grads[index] = grad
         return grads
 
     def backward_results(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
-                         d_lse: torch.Tensor | None = None) -> list[Any]:
+                         d_lse: torch.Tensor | None = None, *, saved: bool = False) -> list[Any]:
         """The backward host program's results: the gradients in `grad_of` order, then
         any debug results (the tile counter of `lower-backward{count-tiles=true}`)."""
-        assert self.backward is not None
+        backward = self.backward_saved if saved else self.backward
+        assert backward is not None
         if d_lse is None:
             d_lse = torch.zeros_like(lse)
         self.checker.segment_values(args)
         full = [*self.checker.scalars(args), out, lse, d_out, d_lse]
         signature = call_signature(full)
-        plan = self.backward.plan(signature)
-        return list(plan.run(full) if plan is not None else self.backward.build(full, signature, out.device))
+        plan = backward.plan(signature)
+        return list(plan.run(full) if plan is not None else backward.build(full, signature, out.device))

@@ -12,6 +12,7 @@ import torch
 
 import attnfuse
 from attnfuse import examples, reference
+from attnfuse.passes import DEFAULT_PIPELINE
 from attnfuse.runtime import host
 from attnfuse.runtime.plan import LaunchPlan, Scratch
 from attnfuse.testing import assert_close
@@ -79,9 +80,10 @@ def test_a_call_that_drops_lse_reuses_one_buffer() -> None:
 
 
 def test_buffers_that_never_leave_a_call_are_reused() -> None:
-    """The rotated K of a pre-kernel and, at a split decode, the split workspaces (and lse,
-    which two launches write) are allocated once per plan and stream."""
-    fn = attnfuse.compile(ROPE)
+    """Compiled for inference, the rotated K of a pre-kernel and, at a split decode, the
+    split workspaces (and lse, which two launches write) are allocated once per plan and
+    stream."""
+    fn = attnfuse.compile(ROPE, pipeline=DEFAULT_PIPELINE.replace("lower-backward,", ""))
     for q_len, kv_len, names in ((40, 40, {"k_transformed"}), (1, 256, {"k_transformed", "o_part", "lse_part"})):
         for seed in range(3):
             args = _inputs(q_len, kv_len, seed)
@@ -93,6 +95,27 @@ def test_buffers_that_never_leave_a_call_are_reused() -> None:
         assert _allocated(fn, plan.scratch.allocs) == names
         assert _allocated(fn, plan.reusing) == {"out", "lse"} and _allocated(fn, plan.lean) == {"out"}
         assert set(plan.scratch.blanks) == {(0, True), (0, False)}
+
+
+def test_saved_transforms_are_scratch_for_calls_that_drop_them() -> None:
+    """With a backward the forward returns the rotated K (for the autograd formula,
+    `attnfuse.saved`): calls that keep every result get it fresh, calls that return only
+    out reuse one buffer for it and for lse."""
+    text = ROPE.replace("@rope_scratch", "@rope_saved")
+    fn = attnfuse.compile(text)
+    assert fn.op_signature.saved == (1,)
+    args = _inputs(40, 40)
+    expected = reference.run(text, *args)
+    first = fn.ops.forward(*args)[2]
+    assert_close(fn(*args), expected)
+    plan = fn._host.plan(host.call_signature(args))  # noqa: SLF001
+    assert plan is not None and plan.scratch is not None and not plan.scratch.allocs
+    assert _allocated(fn, plan.scratch.dropped) == {"lse", "k_transformed"}
+    assert _allocated(fn, plan.reusing) == {"out", "lse", "k_transformed"} and _allocated(fn, plan.lean) == {"out"}
+    second = fn.ops.forward(*args)[2]
+    assert first.data_ptr() != second.data_ptr()
+    assert_close(second, first)
+    assert_close(fn(*args), expected)
 
 
 def test_threads_share_a_plan_with_scratch_buffers() -> None:
@@ -121,7 +144,8 @@ def test_threads_share_a_plan_with_scratch_buffers() -> None:
 def test_scratch_within_the_size_limit(monkeypatch: pytest.MonkeyPatch, limit: int, scratch: set[str] | None,
                                        dropped: bool) -> None:
     monkeypatch.setattr(host, "SCRATCH_BYTES", limit)
-    fn = attnfuse.compile(ROPE.replace("@rope_scratch", "@rope_limit"))
+    fn = attnfuse.compile(ROPE.replace("@rope_scratch", "@rope_limit"),
+                          pipeline=DEFAULT_PIPELINE.replace("lower-backward,", ""))  # K not returned
     fn._host._plans.clear()  # noqa: SLF001 - a plan of this limit
     args = _inputs(40, 40)
     fn(*args)
@@ -131,7 +155,7 @@ def test_scratch_within_the_size_limit(monkeypatch: pytest.MonkeyPatch, limit: i
         assert plan.scratch is None and plan.lean is plan.steps
         return
     assert plan.scratch is not None and _allocated(fn, plan.scratch.allocs) == scratch
-    assert (plan.scratch.dropped is not None) == dropped
+    assert bool(plan.scratch.dropped) == dropped
 
 
 def test_scratch_per_stream_and_none_while_capturing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +172,7 @@ def test_scratch_per_stream_and_none_while_capturing(monkeypatch: pytest.MonkeyP
         slots[2] = torch.empty(2)
         made.append(slots[2])
 
-    scratch = Scratch([alloc], alloc_lse, 1, torch.device("cuda", 0))
+    scratch = Scratch([alloc], [alloc_lse], 1, torch.device("cuda", 0))
     stream = [11]
     scratch.stream = lambda index: stream[0]
     blank = [None, "kept"]

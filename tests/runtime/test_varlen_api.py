@@ -137,7 +137,7 @@ def test_op_autograd_and_compile(fn: attnfuse.AttentionFunction) -> None:
     torch.compile graph holds the op and its backward as single nodes."""
     assert "Tensor cu_seqlens_q, Tensor cu_seqlens_k)" in str(fn.ops.forward._schema)  # noqa: SLF001
     args = packed([7, 1, 9], [2, 5, 9], grad=True)
-    out, lse = fn.ops.forward(*args)
+    out, lse = fn.ops.forward(*args)[:2]  # then the rotated K the autograd formula saves
     assert (out.shape, lse.shape) == ((1, 4, 17, 16), (1, 4, 17))
     assert_close(out, reference.run(PROGRAM.source, *[a.detach().double() if a.is_floating_point() else a for a in args]))
     out.sum().backward()
