@@ -142,6 +142,7 @@ TRAINING_VARIANTS: dict[str, str] = {
     "separate": pipeline("separate", bwd=""),
     "ablation:hybrid_no_hopper_backward": pipeline("hybrid", bwd="hopper-backward=false"),
     "ablation:fused_no_hopper_backward": pipeline("fused", bwd="hopper-backward=false"),
+    "ablation:hybrid_hopper_dk_transpose": pipeline("hybrid", bwd="rotate-in-epilogue=false"),
     # options of the Triton backward kernels, which the Hopper schedule replaces where it runs
     "ablation:hybrid_dkdv_transposed": pipeline("hybrid", bwd="hopper-backward=false dkdv-transposed=true"),
     "ablation:hybrid_dkdv_no_full_tiles": pipeline("hybrid", bwd="hopper-backward=false dkdv-full-tiles=false"),

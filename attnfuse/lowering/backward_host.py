@@ -292,18 +292,21 @@ class BackwardHost:
         hq = p.heads[0]
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, False, accumulate=True,
                                 zero=not _band(self.online.plan).keeps_a_key_per_row())
-        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, False)
+        k_epilogue = self._epilogue_ropes()["k"]
+        d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(k_epilogue))
         turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
                            {0: batch, 2: host.cdiv(q_len, HOPPER_BLOCK_M, "q_tiles")}, "d_q_turns",
                            zero=True)
         hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
-                                host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns)
+                                host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns,
+                                k_epilogue=k_epilogue, inv_freq=self.inv_freq, rope_table=self.tables)
         self.kernels.extend(lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
                                                   k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one))
         weight_grads: dict[int, SSAValue] = {}
         d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
         d_q = host.convert(d_q, _dyn(q.type), "d_q_hopper")
-        d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
+        if not k_epilogue:
+            d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
         return d_q, d_k, weight_grads
 
     def _triton_path(self, fwd_spec: ForwardSpec, grads: GradBuffers, kv_block_map: SSAValue | None,

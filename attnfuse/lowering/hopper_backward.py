@@ -40,14 +40,16 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, TensorType, f32, i3
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.backends.triton.metadata import tl_dtype
-from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp
+from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
-from attnfuse.lowering.backward import q_walk
+from attnfuse.lowering.backward import q_walk, rotate_back
 from attnfuse.lowering.forward import LOG2E
 from attnfuse.lowering.hopper_backward_template import TEMPLATE
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, partition, store_parts
+from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature
 from attnfuse.program import AttentionProgram
@@ -117,7 +119,8 @@ class HopperBackward(DeviceFunctions):
 
     def __init__(self, program: AttentionProgram, name: str, *, q_len: SSAValue, kv_len: SSAValue,
                  dk: SSAValue, dv: SSAValue, host_table: Callable[[list[float]], SSAValue], planned: set[MaskOp],
-                 remap: dict[SSAValue, SSAValue], dq_turns: SSAValue) -> None:
+                 remap: dict[SSAValue, SSAValue], dq_turns: SSAValue, k_epilogue: list[RopeOp] | None = None,
+                 inv_freq: Callable[[RopeOp], SSAValue] | None = None, rope_table: RopeTables | None = None) -> None:
         self.program, self.name = program, name
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -133,6 +136,13 @@ class HopperBackward(DeviceFunctions):
         self.sig = sig
         self.dk_arg, self.dv_arg = sig.tensor("dK", dk), sig.tensor("dV", dv)
         self.turns_arg = sig.tensor("dQ_turns", dq_turns)
+        # K's pre-kernel RoPEs undone on dK in the epilogue (`rotate-in-epilogue`): dK is
+        # then written once in K's dtype, with no f32 buffer and no transpose pre-kernel
+        self.k_epilogue: SideTransforms | None = None
+        if k_epilogue:
+            assert inv_freq is not None
+            context = SideContext(sig, self.head_dim, inv_freq, rope_table, f32)  # type: ignore[arg-type]
+            self.k_epilogue = SideTransforms(list(k_epilogue), context, "k_epi")
         # ALiBi on every tile (`_score`), the masks on the tiles at the band's edges (`_mask`):
         # both are additive or -inf, so their order does not matter. ALiBi as slope times the
         # distance tile: its per-key / per-query vector form spilled 372 bytes at D = 128.
@@ -169,6 +179,25 @@ class HopperBackward(DeviceFunctions):
         assert k == self.scale  # masks and biases keep the scale symbolic
         return self._finish(op, b, t)
 
+    def _dk_store_function(self) -> FuncOp:
+        """Store a consumer warpgroup's dK rows (times the scale), rotated back by K's
+        pre-kernel RoPEs (`rotate_back`, as the Triton dK/dV kernel's epilogue)."""
+        d = self.head_dim
+        leading: list[tuple[str, Attribute]] = [
+            ("dk", TensorType(f32, [BLOCK_N // 2, d])), ("key0", i32), ("batch", i32), ("kv_head", i32)]
+        op, b = self._function("dk_store", leading)
+        dk, key0, batch, kv_head = op.args[:4]
+        kv_len = self.kv_len_arg.value
+        assert kv_len is not None
+        # the key indices from the first key, not from the caller: their layout is then
+        # inferred from the split halves' (Gluon converts no layouts by itself)
+        keys = b.add(key0, b.arange(0, BLOCK_N // 2), name="keys")
+        keys_ok = b.lt(keys, kv_len, name="keys_ok")
+        full = partition(None, d)
+        grad, layout = rotate_back(self.k_epilogue, b, {full[0].role: dk}, full, d, keys, batch, keys_ok)
+        store_parts(b, self.dk_arg, self.dk_arg.base(b, batch, kv_head), keys, keys_ok, layout, grad)
+        return self._finish(op, b)
+
     def _first_block(self) -> str:
         """The first key block whose q walk (`q_walk`) holds the tile at row `t_start`, as a
         template expression: the smallest n with hi(n) > t_start, i.e. (t_start + diag +
@@ -194,13 +223,19 @@ class HopperBackward(DeviceFunctions):
                       f"            s_t = {functions[-1].sym_name.data}{call}"]
         mask_step = "\n".join(steps)
         dk, dv = self.dk_arg.name, self.dv_arg.name
+        if self.k_epilogue is not None:
+            functions.append(self._dk_store_function())
+            dk_store = f"    {functions[-1].sym_name.data}(dk * {self.scale!r}, key0, batch, kv_head, {args})"
+        else:
+            dk_store = (f"    dk_base = batch.to(gl.int64) * {dk}_stride0 + kv_head.to(gl.int64) * {dk}_stride1\n"
+                        f"    gl.store({dk} + dk_base + out_keys[:, None] * {dk}_stride2 + out_cols[None, :] * "
+                        f"{dk}_stride3, (dk * {self.scale!r}).to({_gl_dtype(self.dk_arg.host.type)}))")
         text = TEMPLATE.substitute(
             k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, chunk=self.chunk, stages=STAGES,
             scale=repr(self.scale),
             c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data, mask_step=mask_step,
-            q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dk=dk, dv=dv,
-            **{f"dk_s{i}": f"{dk}_stride{i}" for i in range(4)}, **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)},
-            dk_dtype=_gl_dtype(self.dk_arg.host.type), dv_dtype=_gl_dtype(self.dv_arg.host.type),
+            q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dv=dv, dk_store=dk_store,
+            **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)}, dv_dtype=_gl_dtype(self.dv_arg.host.type),
             turns=self.turns_arg.name, first_block=self._first_block(),
         )
         d = self.head_dim
@@ -212,7 +247,10 @@ class HopperBackward(DeviceFunctions):
         decls = descs + self._decls()
         kernel = KernelOp(
             self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch={},
-            callees=[f.sym_name.data for f in functions], template=text)
+            callees=[f.sym_name.data for f in functions], template=text,
+            # what it writes: the runtime keeps the buffers of shape-only launches it
+            # reads (the RoPE table) with the launch plan
+            writes=["dq_desc", self.dk_arg.name, self.dv_arg.name, self.turns_arg.name])
         for arg, (arg_name, _) in zip(kernel.args, decls):
             arg.name_hint = arg_name
         return [*functions, kernel]

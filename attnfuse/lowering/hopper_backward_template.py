@@ -210,8 +210,7 @@ $mask_step
     # epilogue: dK * scale and dV of this warpgroup's keys, from registers
     out_keys = key0 + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
     out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    dk_base = batch.to(gl.int64) * $dk_s0 + kv_head.to(gl.int64) * $dk_s1
-    gl.store($dk + dk_base + out_keys[:, None] * $dk_s2 + out_cols[None, :] * $dk_s3, (dk * $scale).to($dk_dtype))
+$dk_store
     dv_base = batch.to(gl.int64) * $dv_s0 + kv_head.to(gl.int64) * $dv_s1
     gl.store($dv + dv_base + out_keys[:, None] * $dv_s2 + out_cols[None, :] * $dv_s3, dv.to($dv_dtype))
 
@@ -291,8 +290,10 @@ def __kernel__():
     ], [4, 1, 1, 1], [240, 24, 24, 24])
 ''')
 """Substitutions: k (name prefix), hq, hk, group, chunk, stages, scale, c (scale * log2 e), args,
-range_fn, mask_step, q_len, kv_len, dk, dv (pointer arguments), dk_s0..3, dv_s0..3,
-dk_dtype, dv_dtype (Gluon dtypes of the stores), turns (the pointer argument of the
+range_fn, mask_step, q_len, kv_len, dv (pointer argument), dv_s0..3, dv_dtype (Gluon
+dtype of the store), dk_store (the epilogue's lines that store dK * scale from
+`dk`, `out_keys`, `out_cols`: a `gl.store`, or a device function that first rotates
+dK back by K's RoPE), turns (the pointer argument of the
 turn counters, [B, Hq, Sq / 64, 2] int32, zeroed) and first_block (an expression of
 `t_start`: the first key block whose walk holds the tile, so block n's turn is
 n - first_block).

@@ -187,9 +187,19 @@ def _alibi_window() -> str:
     return b.build().text
 
 
+def _d64_rope() -> str:
+    """Head dim 64, GQA 8/2, RoPE alone, causal (dK rotated back in the epilogue at D = 64)."""
+    b = Builder("d64_rope", hq=8, hkv=2, d=64, dtype="bf16")
+    b.rope(theta=10000.0).mask("causal")
+    return b.build().text
+
+
 BACKWARD_ELIGIBLE: dict[str, str] = {
     **{n: ELIGIBLE[n][0] for n in ("llama3", "llama3_1", "qwen3", "bottom_right", "d64", "alibi", "window")},
     "alibi_window": _alibi_window(),
+    "d64_rope": _d64_rope(),
+    "interleaved": _interleaved(),
+    "k_positions": _k_positions(),
 }
 """Programs the Hopper backward schedule serves: name -> program text."""
 

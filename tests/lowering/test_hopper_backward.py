@@ -127,6 +127,32 @@ def test_hopper_backward_by_default() -> None:
     assert not any(g for _, g, _ in backward_launches(module))
 
 
+DK_EPILOGUE = ("llama3", "llama3_1", "bottom_right", "alibi_window", "d64_rope", "interleaved", "k_positions")
+"""Programs whose K pre-kernel transforms are RoPE alone over the whole head dim."""
+NO_K_TRANSFORMS = ("alibi", "window")
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_ELIGIBLE))
+def test_dk_rotated_back_in_the_epilogue(name: str) -> None:
+    """Where K's pre-kernel transforms are whole-width RoPE alone, the Gluon kernel's
+    epilogue rotates dK back and stores it in K's dtype (`<name>_bwd_ws_dk_store`): no f32
+    dK buffer and no K transpose on the Hopper path; `rotate-in-epilogue=false` (and any
+    other K side) keeps the f32 buffer and the transpose."""
+    for epilogue in (True, False):
+        pipe = backward_pipeline().replace("hopper-backward=true", f"hopper-backward=true rotate-in-epilogue={str(epilogue).lower()}")
+        module = lower(BACKWARD_ELIGIBLE[name], pipe)
+        rotated = epilogue and name in DK_EPILOGUE
+        hopper_path = [k for k, g, unless in backward_launches(module) if g and not unless]
+        transposed = not rotated and name not in NO_K_TRANSFORMS
+        assert (f"{name}_bwd_k_prologue_transpose" in hopper_path) == transposed, (name, epilogue, hopper_path)
+        (kernel,) = [k for k in ops_of(module, th.KernelOp) if k.sym_name.data.endswith("_bwd_ws")]
+        functions = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
+        assert (f"{name}_bwd_ws_dk_store" in functions) == rotated
+        assert (f"    {name}_bwd_ws_dk_store(dk * " in kernel.template.data) == rotated
+        (d_k,) = [arg for arg in kernel.args if arg.name_hint == "dK"]  # what the kernel writes
+        assert ("f32" in str(d_k.type)) == transposed, (name, str(d_k.type))
+
+
 def test_planned_masks_run_on_masked_tiles_only() -> None:
     module = lower(BACKWARD_ELIGIBLE["window"], backward_pipeline())
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp) if "_bwd_ws" in f.sym_name.data]

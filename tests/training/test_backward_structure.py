@@ -406,10 +406,13 @@ def test_backward_kernels_compile_for_sm90(name: str) -> None:
     short = {label.split(":")[1] for label in found}
     assert {f"{name}_bwd_preprocess", f"{name}_bwd_dq", f"{name}_bwd_dkdv"} <= short
     transposes = {f"{name}_bwd_q_prologue_transpose", f"{name}_bwd_k_prologue_transpose"}
-    if name == "qwen3" or (hopper and name in WITH_TRANSFORMS):
-        # QK-norm before RoPE: the transposes take dq / dk back through both; the Hopper
-        # schedule's path takes its f32 dQ / dK through them too
+    if name == "qwen3":
+        # QK-norm before RoPE: the transposes take dq / dk back through both
         assert transposes <= short
+    elif hopper and name in WITH_TRANSFORMS:
+        # RoPE alone: the Hopper schedule's path takes its f32 dQ through Q's transpose
+        # and rotates dK back in its epilogue, as the Triton dQ and dK/dV epilogues do
+        assert transposes & short == {f"{name}_bwd_q_prologue_transpose"}
     else:  # RoPE alone (or nothing) is undone in the dQ and dK/dV epilogues
         assert not transposes & short
     if name == "document":
