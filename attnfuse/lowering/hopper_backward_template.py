@@ -107,6 +107,14 @@ def ${k}_coords():
 
 
 @gluon.jit
+def ${k}_step(it, tiles):
+    """(head of the group, q tile) of step `it` of a walk of `tiles` q tiles: the last
+    tile first, the group's heads inner, so block n reaches each (tile, head) at the step
+    block n - 1 does. The producer, the consumers and the dQ writers walk alike."""
+    return it % $group, tiles - 1 - it // $group
+
+
+@gluon.jit
 def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                   lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args):
     """1 warp: K and V of the block, then Q + LSE and dO + delta of every q tile of the walk."""
@@ -122,7 +130,8 @@ def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
         st = it % $stages
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(empty.index(st), ((it // $stages) & 1) ^ 1)
-        q_row = (batch * $hq + kv_head * $group + it % $group) * $q_len + q_lo + (tiles - 1 - it // $group) * BM
+        g, tile = ${k}_step(it, tiles)
+        q_row = (batch * $hq + kv_head * $group + g) * $q_len + q_lo + tile * BM
         mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(st), q_smem.index(st))
         tma.async_copy_global_to_shared(lse_desc, [q_row], q_ready.index(st), lse_smem.index(st))
@@ -169,8 +178,9 @@ def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
         st = it % $stages
         ph = (it // $stages) & 1
         buf = it % 2
-        head = kv_head * $group + it % $group
-        t_start = q_lo + (tiles - 1 - it // $group) * BM
+        g, tile = ${k}_step(it, tiles)
+        head = kv_head * $group + g
+        t_start = q_lo + tile * BM
         q_t = q_smem.index(st)
         do_t = do_smem.index(st)
         mbarrier.wait(q_ready.index(st), ph)
@@ -226,8 +236,9 @@ def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $args, WG: gl.constexpr)
     q_lo, tiles, full_lo, full_hi = $range_fn(n * 2 * BM, batch, kv_head, $args)  # BN = 2 BM
     my_dq = dq_smem.index(WG)
     for it in range($group * tiles):
-        head = kv_head * $group + it % $group
-        t_start = q_lo + (tiles - 1 - it // $group) * BM
+        g, tile = ${k}_step(it, tiles)
+        head = kv_head * $group + g
+        t_start = q_lo + tile * BM
         q_row = (batch * $hq + head) * $q_len + t_start
         mbarrier.wait(dq_full.index(WG), it & 1)
         tile_turn = $turns + batch * ${turns}_stride0 + head * ${turns}_stride1 + (t_start // BM) * ${turns}_stride2 + WG * ${turns}_stride3
@@ -298,6 +309,6 @@ turn counters, [B, Hq, Sq / 64, 2] int32, zeroed) and first_block (an expression
 `t_start`: the first key block whose walk holds the tile, so block n's turn is
 n - first_block).
 
-The walk goes down the q tiles (last first) with the heads of the group inner: block n
-reaches each (tile, head) at the step block n - 1 does (head-outer ascending walks
-waited 2 tiles per head for their turns)."""
+The walk (`${k}_step`) goes down the q tiles (last first) with the heads of the group
+inner: block n reaches each (tile, head) at the step block n - 1 does (head-outer
+ascending walks waited 2 tiles per head for their turns)."""

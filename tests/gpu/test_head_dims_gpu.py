@@ -3,7 +3,8 @@
 against the float64 reference.
 
 A GQA program with RoPE on both sides and a causal mask (the Llama shape with a chosen
-width and element type); Sq = 301, Skv = 301 so no block size divides the length. Widths
+width and element type: `test_shared_memory.program`, whose kernels the CPU compiles for
+sm_90); Sq = 301, Skv = 301 so no block size divides the length. Widths
 that are not powers of two (80, 96, 160, 192) are padded inside the kernels; f32 and
 head dims 160-256 are the configs that once ran out of shared memory on the H200.
 
@@ -12,30 +13,24 @@ Run on the GPU machine: `python -m pytest tests/gpu/test_head_dims_gpu.py -q`.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-import attnfuse
-from attnfuse import reference
-from attnfuse.testing import assert_close, assert_grad_close
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
+
+from test_shared_memory import program  # noqa: E402  (the program its sm_90 compiles check)
+
+import attnfuse  # noqa: E402
+from attnfuse import reference  # noqa: E402
+from attnfuse.testing import assert_close, assert_grad_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 HEAD_DIMS = (16, 32, 64, 80, 96, 128, 160, 192, 256)
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def program(head_dim: int, dtype: str) -> str:
-    q, k = f"tensor<?x4x?x{head_dim}x{dtype}>", f"tensor<?x2x?x{head_dim}x{dtype}>"
-    return f"""func.func @f(%q: {q}, %k: {k}, %v: {k}) -> {q} {{
-  %qr = attn.rope %q {{theta = 10000.0}} : {q}
-  %kr = attn.rope %k {{theta = 10000.0}} : {k}
-  %s = attn.scores %qr, %kr : {q}, {k} -> !attn.scores<?x4x?x?xf32>
-  %m = attn.mask causal %s : !attn.scores<?x4x?x?xf32>
-  %p = attn.softmax %m : !attn.scores<?x4x?x?xf32> -> !attn.probs<?x4x?x?xf32>
-  %o = attn.weighted_sum %p, %v : !attn.probs<?x4x?x?xf32>, {k} -> {q}
-  func.return %o : {q}
-}}"""
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
