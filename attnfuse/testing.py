@@ -106,9 +106,10 @@ def make_inputs(
             shape = [1 if d == 1 else full[i] for i, d in enumerate(shape)]
             args.append(torch.randn(shape, generator=g).to(dtype).to(device))
         elif dtype in (torch.int32, torch.int64):
-            if len(shape) == 2 and ("pos" in name):
-                pos = torch.arange(kv_len).repeat(batch, 1) + torch.randint(0, 64, (batch, 1), generator=g)
-                args.append(pos.to(dtype).to(device))
+            if len(shape) in (1, 2) and "pos" in name:  # key positions: [Skv] or [B, Skv]
+                rows = batch if len(shape) == 2 else 1
+                pos = torch.arange(kv_len).repeat(rows, 1) + torch.randint(0, 64, (rows, 1), generator=g)
+                args.append((pos if len(shape) == 2 else pos[0]).to(dtype).to(device))
             elif len(shape) == 2:
                 args.append(_segments(batch, kv_len, g).to(dtype).to(device))
             else:

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lowering"))
 
-from hopper_programs import BACKWARD_ELIGIBLE, backward_pipeline  # noqa: E402
+from hopper_programs import BACKWARD_ELIGIBLE, backward_pipeline, backward_plans  # noqa: E402
 
 import attnfuse  # noqa: E402
 from attnfuse import reference  # noqa: E402
@@ -45,13 +45,13 @@ def compiled(name: str, hopper: bool) -> Any:
 
 def backward_kernels(fn: Any, before: Collection[Any] = ()) -> set[str]:
     """Names of the kernels of the backward launch plans built since `before` (plan keys)."""
-    assert fn._backward is not None
-    plans = [p for key, p in fn._backward._plans.items() if key not in before]
+    plans = [plan for key, plan in backward_plans(fn).items() if key not in before]
+    assert plans, "no backward launch plan was built"
     return {s.meta.name for plan in plans for s in plan.steps if isinstance(s, KernelLaunch)}
 
 
 def plan_keys(fn: Any) -> set[Any]:
-    return set(fn._backward._plans) if fn._backward is not None else set()
+    return set(backward_plans(fn))
 
 
 def gradients(fn: Any, args: list[Any], d_out: torch.Tensor) -> list[torch.Tensor]:

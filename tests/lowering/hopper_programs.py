@@ -59,6 +59,15 @@ def backward_pipeline(strategy: str = "hybrid", hopper: bool = True, forward_hop
     return pipeline(strategy, forward_hopper).replace("mask-tiling,", f"mask-tiling,{backward},")
 
 
+def backward_plans(fn: Any) -> dict[tuple[str, Any], Any]:
+    """The backward launch plans `fn` has built, by (host program, plan key): those of
+    `@f_backward` and of `@f_backward_saved` (what autograd runs where the forward saves
+    a pre-kernel's output)."""
+    runner = fn._runner
+    hosts = (("backward", runner.backward), ("saved", runner.backward_saved))
+    return {(name, key): plan for name, host in hosts if host is not None for key, plan in host._plans.items()}
+
+
 def _gemma2_like() -> str:
     """Gemma-2 score ops (softcap 50, causal + sliding window) at head dim 128."""
     b = Builder("gemma2_like", hq=16, hkv=8, d=128, dtype="bf16")
