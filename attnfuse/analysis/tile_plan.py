@@ -110,3 +110,12 @@ def in_kernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | Q
 def prekernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:
     """The Q/K transforms applied by pre-kernels (placement `prekernel`)."""
     return [t for t in transforms if t.str_option("placement") == "prekernel"]
+
+
+def forward_stores_q(program: AttentionProgram) -> bool:
+    """Whether the forward kernels (the split-KV kernel of decoding calls too) can store
+    Q as their in-kernel transforms leave it, for the backward to read
+    (`attnfuse.saved`): not the rows of a packed batch, which they address through its
+    schedule, nor with a paged cache (no backward)."""
+    return packed_batch(program) is None and paged_cache(program) is None
+

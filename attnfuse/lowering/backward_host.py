@@ -22,7 +22,7 @@ from attnfuse.analysis.bands import Band
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.rope import rope_inverse_frequencies
-from attnfuse.analysis.tile_plan import in_kernel_transforms, prekernel_transforms
+from attnfuse.analysis.tile_plan import forward_stores_q, in_kernel_transforms, prekernel_transforms
 from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp, TilePlanAttr
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
@@ -118,14 +118,21 @@ class BackwardHost:
         return reason is None
 
     def saved_sides(self) -> tuple[str, ...]:
-        """Sides whose forward pre-kernel output is what this backward's pre-kernel would
-        recompute, RoPE alone (its transpose needs no input): the forward returns that
-        output, the autograd formula saves it instead of the input, and
-        `<name>_backward_saved` reads it. (The transpose of a QK-norm reads the input,
-        so such sides are recomputed.)"""
-        sides = {"q": self.program.q.transforms, "k": self.program.k.transforms}
+        """Sides that the forward computes exactly as this backward's pre-kernel would
+        recompute them, RoPE alone (its transpose needs no input): in a pre-kernel, or,
+        for Q, in the forward kernel, which then stores the rotated tile too
+        (`forward_stores_q`). The forward returns that tensor, the autograd formula
+        saves it instead of the input, and `<name>_backward_saved` reads it. (The
+        transpose of a QK-norm reads the input, so such sides are recomputed; K
+        transformed in the kernel is transformed once per visiting Q tile, so it is
+        recomputed too.)"""
+        p = self.program
+        sides = {"q": p.q.transforms, "k": p.k.transforms}
+        kept = {"q": (prekernel_transforms(p.q.transforms) or (in_kernel_transforms(p.q.transforms)
+                                                                if forward_stores_q(p) else [])),
+                "k": prekernel_transforms(p.k.transforms)}
         return tuple(tag for tag, tf in sides.items()
-                     if (pre := self.pre(tf)) and pre == prekernel_transforms(tf)
+                     if (pre := self.pre(tf)) and pre == kept[tag] and pre == list(tf)
                      and all(isinstance(t, RopeOp) for t in pre))
 
     def pre(self, transforms: list) -> list:

@@ -23,7 +23,7 @@ from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.lowering.paged import PagedKV, PageView
-from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, side_layout
+from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, side_layout, store_parts
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.lowering.varlen import PackedRows, SequenceView
@@ -87,6 +87,9 @@ class ForwardSpec:
     """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
     paged: PagedKV | None = None
     """A paged KV cache: K/V tiles are gathered through its block table (`paged.py`)."""
+    q_saved: SSAValue | None = None
+    """Where the kernel also stores Q as its in-kernel transforms leave it (in Q's dtype),
+    for the backward (`attnfuse.saved`); None: nowhere."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -133,6 +136,7 @@ class ForwardKernel:
         self.v_arg = sig.tensor("V", spec.v)
         self.o_arg = sig.tensor("Out", spec.out)
         self.lse_arg = sig.tensor("LSE", spec.lse) if spec.lse is not None else None
+        self.q_saved_arg = sig.tensor("Q_saved", spec.q_saved) if spec.q_saved is not None else None
         side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         self.k_side = SideTransforms(spec.k_transforms, side, "k")
@@ -265,6 +269,9 @@ class ForwardKernel:
             q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
             q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
             q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+        if self.q_saved_arg is not None:
+            saved = self.q_saved_arg
+            store_parts(b, saved, saved.base(b, batch, self.coords[1]), rows, row_ok, self.layout, q_parts)
         self.q_parts = q_parts
 
     # ------------------------------------------------------------------ KV walk

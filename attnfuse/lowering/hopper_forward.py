@@ -156,8 +156,10 @@ class HopperForward(DeviceFunctions):
         self.batch_arg = sig.scalar("B", spec.batch)
 
     def host_operands(self) -> list[SSAValue]:
-        """Operands of the kernel's `host.launch`: K, V, Out (descriptors), then the rest."""
-        return [self.spec.k, self.spec.v, self.spec.out, *self.sig.host_operands()]
+        """Operands of the kernel's `host.launch`: K, V, Out (and the saved Q) as
+        descriptors, then the rest."""
+        saved = [self.spec.q_saved] if self.spec.q_saved is not None else []
+        return [self.spec.k, self.spec.v, self.spec.out, *saved, *self.sig.host_operands()]
 
     # ------------------------------------------------------------------ device functions
 
@@ -403,6 +405,12 @@ class HopperForward(DeviceFunctions):
         functions += producer_functions
         functions += [self._steps_function(), self._work_function()]
         lse = self.lse_arg.name
+        # Q as the consumers transformed it, for the backward (`ForwardSpec.q_saved`): a
+        # TMA store of the warpgroup's Q tile once it is in shared memory, waited for
+        # before the epilogue writes O into that tile
+        saved = self.spec.q_saved is not None
+        q_save = (f"    tma.async_copy_shared_to_global(qs_desc, [(batch * {self.hq} + head) * {self.q_len_arg.name}"
+                  " + q_start, 0], q)") if saved else ""
         text = TEMPLATE.substitute(
             producer,
             k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
@@ -411,16 +419,20 @@ class HopperForward(DeviceFunctions):
             steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work",
             score_step="\n".join(lines) or "    pass", q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name,
             lse=lse, lse_s0=f"{lse}_stride0", lse_s1=f"{lse}_stride1", lse_s2=f"{lse}_stride2",
+            consumer_extra="qs_desc, " if saved else "", q_save=q_save,
+            q_save_wait="    tma.store_wait(pendings=0)" if saved else "",
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
             ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d // 2 if self.k_split else d])),
             ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
-            ("o_desc", TmaDescType(self.dtype, [ROWS, d]))]
+            ("o_desc", TmaDescType(self.dtype, [ROWS, d])),
+            *([("qs_desc", TmaDescType(self.dtype, [ROWS, d]))] if saved else [])]
         decls = descs + self._decls()
         kernel = KernelOp(
             self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch=dict(self.spec.launch),
-            callees=[f.sym_name.data for f in functions], template=text, writes=["o_desc", lse])
+            callees=[f.sym_name.data for f in functions], template=text,
+            writes=["o_desc", lse, *(["qs_desc"] if saved else [])])
         for arg, (arg_name, _) in zip(kernel.args, decls):
             arg.name_hint = arg_name
         return [*functions, kernel]
@@ -438,7 +450,8 @@ def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAV
         return None
     hopper = HopperForward(spec, f"{name}_fwd_ws")
     ops = hopper.build()
-    ok = host.emit(TmaReadyOp([spec.q, spec.k, spec.v, spec.out], arch=9, rows=BLOCK_M), "use_hopper")
+    saved = [spec.q_saved] if spec.q_saved is not None else []
+    ok = host.emit(TmaReadyOp([spec.q, spec.k, spec.v, spec.out, *saved], arch=9, rows=BLOCK_M), "use_hopper")
     items = host.emit(arith.MuliOp(host.mul(spec.batch, hopper.hq, "ws_bh"), host.cdiv(spec.q_len, BLOCK_M, "ws_m")),
                       "ws_items")
     if persistent:

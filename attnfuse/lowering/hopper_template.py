@@ -60,8 +60,8 @@ $qk_body
 
 
 @gluon.jit
-def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, kt, batch, head, m, $args,
-                WG: gl.constexpr):
+def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}kt, batch, head,
+                m, $args, WG: gl.constexpr):
     """One work item of a consumer warpgroup: its 64 Q rows of q block `m` of (batch,
     head) against the item's KV walk; `kt` counts the K/V tiles this warpgroup consumed
     before (ring slots, barrier phases and turns continue from it). Returns the count after."""
@@ -85,6 +85,7 @@ def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v
     q_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
 $q_store
     fence_async_shared()
+$q_save
 
     rows = q_start + gl.arange(0, ROWS, layout=row_layout)
     zero_s = gl.zeros([ROWS, BN], gl.float32, s_layout)
@@ -139,6 +140,7 @@ $q_store
     # next item's Q rows overwrite the tile.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+$q_save_wait
     q.store(out.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [(batch * $hq + head) * $q_len + q_start, 0], q)
@@ -150,7 +152,8 @@ $q_store
 
 
 @gluon.jit
-def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, WG: gl.constexpr):
+def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
+                  WG: gl.constexpr):
     """A consumer warpgroup: the CTA's work items in turn (`$work_fn`)."""
     cta = gl.program_id(0)
     ctas = gl.num_programs(0)
@@ -159,7 +162,7 @@ def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_e
         batch, head, m, valid = $work_fn(step, cta, ctas, $args)
         if valid:
             kt = ${k}_attend(o_desc, q_smem.index(WG), k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
-                             kt, batch, head, m, $args, WG)
+                             ${consumer_extra}kt, batch, head, m, $args, WG)
 
 
 def __kernel__():
@@ -190,8 +193,10 @@ $k2_alloc
 $k_raw_init
     fence_async_shared()
     gl.warp_specialize([
-        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 0)),
-        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $args, 1)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
+                         0)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
+                         1)),
         (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args)),
     ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
@@ -199,7 +204,9 @@ $k_raw_init
 args, steps_fn, work_fn, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
 text of `PRODUCER` or `TRANSFORMING_PRODUCER`: its `${k}_load`), `producer_extra` (the load's arguments before
 `args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
-`producer_regs`."""
+`producer_regs`; `consumer_extra` (`qs_desc, ` or nothing), `q_save` (the TMA store of
+the transformed Q tile for the backward, `ForwardSpec.q_saved`) and `q_save_wait` (its
+completion, before the epilogue overwrites the tile)."""
 
 
 PRODUCER = Template('''\

@@ -45,6 +45,16 @@ class HostCode:
         finally:
             self._guard = None
 
+    @contextmanager
+    def unguarded(self) -> Iterator[None]:
+        """Inside a guard, emit what every path may use (a RoPE table built on first use,
+        which the other path reads too) as if no guard were on."""
+        guard, self._guard = self._guard, None
+        try:
+            yield
+        finally:
+            self._guard = guard
+
     def _guard_parts(self) -> tuple[list[SSAValue], dict[str, Attribute]]:
         """The guard's condition operand and `unless` property, if a guard is on."""
         if self._guard is None:

@@ -63,7 +63,8 @@ class RopeTables:
         positions = self.remap.get(op.positions, op.positions) if op.positions is not None else None
         key = (RopeParams.of(op), op.int_option("offset"), id(positions), dtype)
         if key not in self._tables:
-            self._tables[key] = self._build(op, positions, dtype)
+            with self.host.unguarded():  # both paths of a guarded backward read it
+                self._tables[key] = self._build(op, positions, dtype)
         return self._tables[key]
 
     def _rows(self, positions: SSAValue | None) -> tuple[SSAValue, SSAValue | None]:

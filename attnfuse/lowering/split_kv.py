@@ -102,7 +102,7 @@ class SplitKernel(ForwardKernel):
         kv_len = self._kv_length(batch, kv_len)
         self.coords = (batch, b.expand_dims(head, 1), rows, q_len, kv_len)
 
-        self._packed_q(batch, head, rows, row_ok)
+        self._packed_q(split, batch, head, rows, row_ok)
         self._kv_bases(batch, kv_head, kv_head)
         self.seed_bh = None
         state, sink2 = self._start(split, head)
@@ -156,8 +156,9 @@ class SplitKernel(ForwardKernel):
         offs = b.add(b.mul(b.to_i64(head), b.to_i64(arg.strides[1])), b.mul(b.to_i64(rows), b.to_i64(arg.strides[2])))
         return arg.base(b, batch), offs
 
-    def _packed_q(self, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue) -> None:
-        """Load the packed Q rows as the parts of the layout (transformed in fp32)."""
+    def _packed_q(self, split: SSAValue, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue) -> None:
+        """Load the packed Q rows as the parts of the layout (transformed in fp32); split
+        0 stores them transformed where the spec asks (`ForwardSpec.q_saved`)."""
         b, spec = self.b, self.spec
         base, offs = self._packed_rows(self.q_arg, batch, head, rows)
         parts: dict[str, SSAValue] = {}
@@ -171,6 +172,15 @@ class SplitKernel(ForwardKernel):
             q32 = {r: b.cast(t, f32) for r, t in parts.items()}
             q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
             parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
+            if self.q_saved_arg is not None:
+                saved = self.q_saved_arg
+                base, offs = self._packed_rows(saved, batch, head, rows)
+                first = b.and_(row_ok, b.broadcast_to(b.eq(split, 0), (self.block_m,)), name="q_saved_rows")
+                for part in self.layout:
+                    cols, in_range = part.columns(b)
+                    at = b.add(b.expand_dims(offs, 1), b.expand_dims(b.mul(cols, saved.strides[3]), 0))
+                    mask = b.and_(b.expand_dims(first, 1), b.expand_dims(in_range, 0))
+                    b.store(base, at, parts[part.role], mask=mask)
         self.q_parts = parts
 
     def _start(self, split: SSAValue, head: SSAValue) -> tuple[list[SSAValue], SSAValue | None]:

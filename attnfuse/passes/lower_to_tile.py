@@ -52,7 +52,7 @@ from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.rope import rope_inverse_frequencies
-from attnfuse.analysis.tile_plan import default_num_warps, in_kernel_transforms, prekernel_transforms
+from attnfuse.analysis.tile_plan import default_num_warps, forward_stores_q, in_kernel_transforms, prekernel_transforms
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
 from attnfuse.dialects.tile import DotOp
@@ -236,6 +236,16 @@ class LowerToTilePass(ModulePass):
             block_map, map_kernel = build_block_map(program, host, q_in, k_in, batch, q_len, kv_len, one, fname)
             kernels.append(map_kernel)
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
+        # `attnfuse.saved`: the tensors the forward returns after out and lse for the
+        # backward (`@f_backward_saved`), a side's pre-kernel output or, for Q rotated in
+        # the forward kernel, a buffer that kernel stores it into.
+        saved = function.attributes.get("attnfuse.saved")
+        saved_args = [a.value.data for a in saved.data] if isinstance(saved, ArrayAttr) else []  # type: ignore[attr-defined]
+        q_saved: SSAValue | None = None
+        if program.q.arg_index in saved_args and q_in is q:
+            assert forward_stores_q(program) and in_kernel_transforms(program.q.transforms)
+            assert isinstance(q.type, TensorType)
+            q_saved = host.alloc(q.type, {0: batch, 2: q_len}, "q_transformed")
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=in_kernel_transforms(program.q.transforms),
@@ -246,7 +256,7 @@ class LowerToTilePass(ModulePass):
                 program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms))),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
-            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged,
+            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged, q_saved=q_saved,
         )
         hopper = lower_hopper_forward(spec, host, fname, one, persistent=self.hopper_persistent) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")
@@ -271,12 +281,11 @@ class LowerToTilePass(ModulePass):
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)
         # Host functions return (out, lse[, saved...][, tile_count]), whatever the program
-        # returned: `saved`, the pre-kernel outputs that `lower-backward` asks for
+        # returned: `saved`, the transformed sides that `lower-backward` asks for
         # (`attnfuse.saved`: the autograd formula keeps them for `@f_backward_saved`).
-        saved = function.attributes.get("attnfuse.saved")
-        transformed = {program.q.arg_index: q_in, program.k.arg_index: k_in}
-        kept = [transformed[a.value.data] for a in saved.data] if isinstance(saved, ArrayAttr) else []  # type: ignore[attr-defined]
-        assert all(t not in (q, k) for t in kept), "attnfuse.saved names a side without a pre-kernel"
+        transformed = {program.q.arg_index: q_saved or q_in, program.k.arg_index: k_in}
+        kept = [transformed[a] for a in saved_args]
+        assert all(t not in (q, k) for t in kept), "attnfuse.saved names a side the forward does not transform"
         results = [out, lse, *kept] + ([counter] if counter is not None else [])
         function.function_type = func.FunctionType.from_lists(
             function.function_type.inputs.data, [r.type for r in results]

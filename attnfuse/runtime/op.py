@@ -227,6 +227,11 @@ def _register_autograd(forward_op: Any, backward_op: torch._ops.OpOverload, sign
         out, lse, *transformed = output
         kept = dict(zip(signature.saved, transformed))  # the input itself is not kept
         ctx.save_for_backward(*(kept.get(i, inputs[i]) for i in tensors), out, lse)
+        # no gradient flows into the saved transforms, and a result nothing used (lse,
+        # mostly) reaches `backward` as None: autograd would otherwise fill a tensor of
+        # zeros as large as each (a Q-sized memset per step)
+        ctx.mark_non_differentiable(*transformed)
+        ctx.set_materialize_grads(False)
 
     def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
         *saved, out, lse = ctx.saved_tensors

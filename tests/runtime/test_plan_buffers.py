@@ -98,23 +98,25 @@ def test_buffers_that_never_leave_a_call_are_reused() -> None:
 
 
 def test_saved_transforms_are_scratch_for_calls_that_drop_them() -> None:
-    """With a backward the forward returns the rotated K (for the autograd formula,
-    `attnfuse.saved`): calls that keep every result get it fresh, calls that return only
-    out reuse one buffer for it and for lse."""
+    """With a backward the forward returns the rotated Q and K (for the autograd formula,
+    `attnfuse.saved`): calls that keep every result get them fresh, calls that return
+    only out reuse one buffer for each of them and for lse."""
     text = ROPE.replace("@rope_scratch", "@rope_saved")
     fn = attnfuse.compile(text)
-    assert fn.op_signature.saved == (1,)
+    assert fn.op_signature.saved == (0, 1)
     args = _inputs(40, 40)
     expected = reference.run(text, *args)
-    first = fn.ops.forward(*args)[2]
+    first = fn.ops.forward(*args)[2:]
     assert_close(fn(*args), expected)
     plan = fn._host.plan(host.call_signature(args))  # noqa: SLF001
     assert plan is not None and plan.scratch is not None and not plan.scratch.allocs
-    assert _allocated(fn, plan.scratch.dropped) == {"lse", "k_transformed"}
-    assert _allocated(fn, plan.reusing) == {"out", "lse", "k_transformed"} and _allocated(fn, plan.lean) == {"out"}
-    second = fn.ops.forward(*args)[2]
-    assert first.data_ptr() != second.data_ptr()
-    assert_close(second, first)
+    saved = {"lse", "q_transformed", "k_transformed"}
+    assert _allocated(fn, plan.scratch.dropped) == saved
+    assert _allocated(fn, plan.reusing) == {"out", *saved} and _allocated(fn, plan.lean) == {"out"}
+    second = fn.ops.forward(*args)[2:]
+    for a, b in zip(first, second):
+        assert a.data_ptr() != b.data_ptr()
+        assert_close(b, a)
     assert_close(fn(*args), expected)
 
 

@@ -45,14 +45,21 @@ def inputs(length: int = 19, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) for s in [(2, 4, length, 32), (2, 2, length, 32), (2, 2, length, 32)]]
 
 
-def rope64(x: torch.Tensor) -> torch.Tensor:
-    """Half-style RoPE (theta 1e4) in float64, positions 0..S-1."""
+def rope(x: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Half-style RoPE (theta 1e4), positions 0..S-1, computed in `dtype`."""
     d = x.shape[-1]
-    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.arange(x.shape[2], dtype=torch.float64)[:, None] * inv
+    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=dtype) / d)
+    angles = torch.arange(x.shape[2], dtype=dtype)[:, None] * inv
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
-    x = x.double()
+    x = x.to(dtype)
     return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+
+def assert_rotated(got: torch.Tensor, x: torch.Tensor) -> None:
+    """`got` is x rotated, within twice PyTorch's own float32 error against float64."""
+    want = rope(x)
+    bound = 2 * float((rope(x, torch.float32).double() - want).abs().max())
+    assert float((got.double() - want).abs().max()) <= bound
 
 
 def backward_kernels(fn: attnfuse.AttentionFunction, saved: bool) -> set[str]:
@@ -67,15 +74,16 @@ def hybrid() -> attnfuse.AttentionFunction:
     return attnfuse.compile(ROPE, pipeline=pipeline("hybrid"))
 
 
-def test_forward_returns_the_rotated_keys(hybrid: attnfuse.AttentionFunction) -> None:
-    """hybrid: K's pre-kernel is kept (Q rotates in the forward kernel, so the backward
-    recomputes it)."""
-    assert hybrid.op_signature.saved == (1,)
-    assert str(hybrid.ops.forward._schema).endswith("-> (Tensor, Tensor, Tensor)")  # noqa: SLF001
+def test_forward_returns_the_rotated_sides(hybrid: attnfuse.AttentionFunction) -> None:
+    """hybrid: the output of K's pre-kernel, and Q as the forward kernel rotated it (the
+    kernel stores its rotated tile)."""
+    assert hybrid.op_signature.saved == (0, 1)
+    assert str(hybrid.ops.forward._schema).endswith("-> (Tensor, Tensor, Tensor, Tensor)")  # noqa: SLF001
     q, k, v = inputs()
-    out, lse, k_rotated = hybrid.ops.forward(q, k, v)
-    assert k_rotated.shape == k.shape and k_rotated.dtype == k.dtype
-    torch.testing.assert_close(k_rotated.double(), rope64(k), rtol=1e-5, atol=1e-5)
+    out, lse, q_rotated, k_rotated = hybrid.ops.forward(q, k, v)
+    for rotated, side in ((q_rotated, q), (k_rotated, k)):
+        assert rotated.shape == side.shape and rotated.dtype == side.dtype
+        assert_rotated(rotated, side)
     torch.testing.assert_close(out, hybrid(q, k, v), rtol=0, atol=0)
 
 
@@ -88,26 +96,27 @@ def test_gradients_equal_the_recomputing_backward(hybrid: attnfuse.AttentionFunc
     want = hybrid.gradients([q.detach(), k.detach(), v.detach()], out.detach(), lse, d_out)
     for got, ref in zip((q.grad, k.grad, v.grad), want):
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
-    assert "saved_bwd_k_prologue" in backward_kernels(hybrid, saved=False)
-    saved = backward_kernels(hybrid, saved=True)
-    assert "saved_bwd_k_prologue" not in saved and "saved_bwd_q_prologue" in saved
+    assert {"saved_bwd_q_prologue", "saved_bwd_k_prologue"} <= backward_kernels(hybrid, saved=False)
+    assert not {"saved_bwd_q_prologue", "saved_bwd_k_prologue"} & backward_kernels(hybrid, saved=True)
 
 
-def test_the_graph_does_not_keep_the_input(hybrid: attnfuse.AttentionFunction) -> None:
-    """The graph holds the rotated K, not K: a K computed by the model (a projection's
-    output) is freed once the model drops it; the gradient still reaches its source."""
-    q, k_source, v = (t.requires_grad_() for t in inputs(seed=2))
-    k = k_source * 1.0
-    probe = weakref.ref(k)
+def test_the_graph_does_not_keep_the_inputs(hybrid: attnfuse.AttentionFunction) -> None:
+    """The graph holds the rotated Q and K, not Q and K: a Q / K computed by the model (a
+    projection's output) is freed once the model drops it; the gradients still reach
+    their sources."""
+    q_source, k_source, v = (t.requires_grad_() for t in inputs(seed=2))
+    q, k = q_source * 1.0, k_source * 1.0
+    probes = [weakref.ref(q), weakref.ref(k)]
     out = hybrid(q, k, v)
-    del k
+    del q, k
     gc.collect()
-    assert probe() is None
+    assert [p() for p in probes] == [None, None]
     d_out = torch.randn_like(out)
     out.backward(d_out)
-    kept = k_source.detach().requires_grad_()
-    hybrid(q.detach(), kept, v.detach()).backward(d_out)
-    torch.testing.assert_close(k_source.grad, kept.grad, rtol=0, atol=0)
+    kept = [t.detach().requires_grad_() for t in (q_source, k_source)]
+    hybrid(*kept, v.detach()).backward(d_out)
+    for source, again in zip((q_source, k_source), kept):
+        torch.testing.assert_close(source.grad, again.grad, rtol=0, atol=0)
 
 
 def test_torch_compile_and_fake_tensors(hybrid: attnfuse.AttentionFunction) -> None:
@@ -122,22 +131,33 @@ def test_torch_compile_and_fake_tensors(hybrid: attnfuse.AttentionFunction) -> N
     args = inputs(length=9, seed=4)
     result = torch.library.opcheck(hybrid.ops.forward, args, test_utils=("test_schema", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}, result
-    out, lse, k_rotated = hybrid.ops.forward(*args)
+    out, lse, q_rotated, k_rotated = hybrid.ops.forward(*args)
     assert hybrid.ops.backward_saved is not None
-    backward_args = (args[0], k_rotated, args[2], out, lse, torch.randn_like(out), torch.randn_like(lse))
+    backward_args = (q_rotated, k_rotated, args[2], out, lse, torch.randn_like(out), torch.randn_like(lse))
     result = torch.library.opcheck(hybrid.ops.backward_saved, backward_args,
                                    test_utils=("test_schema", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}, result
 
 
 def test_which_sides_are_kept() -> None:
-    """separate: both pre-kernels are kept; fused: none runs; a QK-norm before K's RoPE:
-    its transpose reads K, so K is recomputed (and kept as the input)."""
+    """separate: both pre-kernels' outputs; fused: Q as the forward kernel rotates it, not
+    K (rotated once per visiting Q tile); a QK-norm before K's RoPE: its transpose reads
+    K, so K is recomputed (and kept as the input)."""
     assert attnfuse.compile(ROPE, pipeline=pipeline("separate")).op_signature.saved == (0, 1)
     for text, strategy in ((ROPE, "fused"), (NORM, "hybrid")):
         fn = attnfuse.compile(text, pipeline=pipeline(strategy))
-        assert fn.op_signature.saved == () and fn.ops.backward_saved is None
-        assert str(fn.ops.forward._schema).endswith("-> (Tensor, Tensor)")  # noqa: SLF001
+        assert fn.op_signature.saved == (0,), strategy
+        assert str(fn.ops.forward._schema).endswith("-> (Tensor, Tensor, Tensor)")  # noqa: SLF001
+        q, k, v = (t.requires_grad_() for t in inputs(seed=6))
+        out = fn(q, k, v)
+        d_out = torch.randn_like(out)
+        out.backward(d_out)
+        lse = fn(q.detach(), k.detach(), v.detach(), return_lse=True)[1]
+        want = fn.gradients([q.detach(), k.detach(), v.detach()], out.detach(), lse, d_out)
+        for got, ref in zip((q.grad, k.grad, v.grad), want):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+        ran = backward_kernels(fn, saved=True)
+        assert f"{fn.name}_bwd_q_prologue" not in ran and f"{fn.name}_bwd_k_prologue" in ran, sorted(ran)
     separate = attnfuse.compile(ROPE, pipeline=pipeline("separate"))
     q, k, v = (t.requires_grad_() for t in inputs(seed=5))
     out = separate(q, k, v)
@@ -148,3 +168,37 @@ def test_which_sides_are_kept() -> None:
     for got, ref in zip((q.grad, k.grad, v.grad), want):
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert not {"saved_bwd_q_prologue", "saved_bwd_k_prologue"} & backward_kernels(separate, saved=True)
+
+
+def test_decoding_calls_store_q() -> None:
+    """The split-KV kernel of decoding calls (few queries, the rows of a GQA group packed
+    into one tile, several programs per row) stores the rotated Q too, once (split 0)."""
+    fn = attnfuse.compile(ROPE, pipeline=pipeline("hybrid").replace("mask-tiling,", "mask-tiling,split-kv,"))
+    assert fn.op_signature.saved == (0, 1)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 2, 32, generator=g)
+    k, v = (torch.randn(2, 2, 300, 32, generator=g) for _ in range(2))
+    with pytest.warns(UserWarning, match="top-left"):
+        out, lse, q_rotated, k_rotated = fn.ops.forward(q, k, v)
+    assert any(s.meta.name == "saved_split_kv" for plan in fn._runner.host._plans.values()  # noqa: SLF001
+               for s in plan.steps if isinstance(s, KernelLaunch))
+    assert_rotated(q_rotated, q)
+    assert_rotated(k_rotated, k)
+
+
+def test_backward_fills_no_zero_gradients(hybrid: attnfuse.AttentionFunction) -> None:
+    """The saved transforms are not differentiable and unused results are not given
+    zero gradients: the backward of `out` alone fills no Q- or K-sized tensor (nor the
+    lse's) with zeros."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (t.requires_grad_() for t in inputs(seed=8))
+    out, lse, q_rotated, k_rotated = hybrid.ops.forward(q, k, v)
+    assert out.requires_grad and not q_rotated.requires_grad and not k_rotated.requires_grad
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out.backward(torch.randn_like(out))
+    filled = [(e.name, e.input_shapes) for e in prof.events()
+              if e.name in ("aten::fill_", "aten::zero_", "aten::zeros_like", "aten::zeros")]
+    big = [f for f in filled if any(list(s) in (list(q.shape), list(k.shape)) for s in f[1])]
+    assert not big, big
+    assert q.grad is not None and k.grad is not None and v.grad is not None
