@@ -102,6 +102,26 @@ class SmCountOp(IRDLOperation):
 
 
 @irdl_op_definition
+class KeepsResultsOp(IRDLOperation):
+    """1 when the call keeps every result of the host function, 0 when it keeps only
+    the first (eager inference: `out` without lse or saved transforms), as i32. Set per
+    call, not per plan: kernels skip work that only the dropped results need (the
+    forward's store of the rotated Q for the backward).
+
+    ```mlir
+    %keeps = host.keeps_results : i32
+    ```
+    """
+
+    name = "host.keeps_results"
+    result = result_def(i32)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self) -> None:
+        super().__init__(result_types=[i32])
+
+
+@irdl_op_definition
 class AllocOp(IRDLOperation):
     """A new buffer on the inputs' device; one i32 operand per dynamic dim. `order`
     gives the dims from outermost to innermost in memory (default: row-major), e.g.
@@ -250,4 +270,4 @@ class ConvertOp(IRDLOperation):
         _verify_guard(self)
 
 
-Host = Dialect("host", [DimOp, SmCountOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])
+Host = Dialect("host", [DimOp, SmCountOp, KeepsResultsOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

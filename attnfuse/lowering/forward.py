@@ -87,9 +87,10 @@ class ForwardSpec:
     """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
     paged: PagedKV | None = None
     """A paged KV cache: K/V tiles are gathered through its block table (`paged.py`)."""
-    q_saved: SSAValue | None = None
-    """Where the kernel also stores Q as its in-kernel transforms leave it (in Q's dtype),
-    for the backward (`attnfuse.saved`); None: nowhere."""
+    q_saved: tuple[SSAValue, SSAValue] | None = None
+    """(buffer, i32 flag): where the kernel also stores Q as its in-kernel transforms
+    leave it (in Q's dtype), for the backward (`attnfuse.saved`), when the flag
+    (`host.keeps_results`) is set; None: nowhere."""
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -136,7 +137,8 @@ class ForwardKernel:
         self.v_arg = sig.tensor("V", spec.v)
         self.o_arg = sig.tensor("Out", spec.out)
         self.lse_arg = sig.tensor("LSE", spec.lse) if spec.lse is not None else None
-        self.q_saved_arg = sig.tensor("Q_saved", spec.q_saved) if spec.q_saved is not None else None
+        self.q_saved_arg = sig.tensor("Q_saved", spec.q_saved[0]) if spec.q_saved is not None else None
+        self.save_q_arg = sig.scalar("save_q", spec.q_saved[1]) if spec.q_saved is not None else None
         side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         self.k_side = SideTransforms(spec.k_transforms, side, "k")
@@ -269,9 +271,11 @@ class ForwardKernel:
             q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
             q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
             q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
-        if self.q_saved_arg is not None:
+        if self.q_saved_arg is not None and self.save_q_arg is not None:
+            assert self.save_q_arg.value is not None
             saved = self.q_saved_arg
-            store_parts(b, saved, saved.base(b, batch, self.coords[1]), rows, row_ok, self.layout, q_parts)
+            with b.if_(b.ne(self.save_q_arg.value, 0, name="save_q_set")).then_():
+                store_parts(b, saved, saved.base(b, batch, self.coords[1]), rows, row_ok, self.layout, q_parts)
         self.q_parts = q_parts
 
     # ------------------------------------------------------------------ KV walk

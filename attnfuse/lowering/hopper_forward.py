@@ -143,6 +143,7 @@ class HopperForward(DeviceFunctions):
         self.q_arg = sig.tensor("Q", spec.q)
         assert spec.lse is not None
         self.lse_arg = sig.tensor("LSE", spec.lse)
+        self.save_q_arg = sig.scalar("save_q", spec.q_saved[1]) if spec.q_saved is not None else None
         side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         # The producer evaluates K's cos/sin once per tile and steps them from chunk to
@@ -158,7 +159,7 @@ class HopperForward(DeviceFunctions):
     def host_operands(self) -> list[SSAValue]:
         """Operands of the kernel's `host.launch`: K, V, Out (and the saved Q) as
         descriptors, then the rest."""
-        saved = [self.spec.q_saved] if self.spec.q_saved is not None else []
+        saved = [self.spec.q_saved[0]] if self.spec.q_saved is not None else []
         return [self.spec.k, self.spec.v, self.spec.out, *saved, *self.sig.host_operands()]
 
     # ------------------------------------------------------------------ device functions
@@ -405,12 +406,13 @@ class HopperForward(DeviceFunctions):
         functions += producer_functions
         functions += [self._steps_function(), self._work_function()]
         lse = self.lse_arg.name
-        # Q as the consumers transformed it, for the backward (`ForwardSpec.q_saved`): a
-        # TMA store of the warpgroup's Q tile once it is in shared memory, waited for
-        # before the epilogue writes O into that tile
-        saved = self.spec.q_saved is not None
-        q_save = (f"    tma.async_copy_shared_to_global(qs_desc, [(batch * {self.hq} + head) * {self.q_len_arg.name}"
-                  " + q_start, 0], q)") if saved else ""
+        # Q as the consumers transformed it, for the backward (`ForwardSpec.q_saved`), in
+        # calls that keep it: a TMA store of the warpgroup's Q tile once it is in shared
+        # memory, waited for before the epilogue writes O into that tile
+        saved = self.save_q_arg is not None
+        q_save = (f"    if {self.save_q_arg.name} != 0:\n"
+                  f"        tma.async_copy_shared_to_global(qs_desc, [(batch * {self.hq} + head) * {self.q_len_arg.name}"
+                  " + q_start, 0], q)") if self.save_q_arg is not None else ""
         text = TEMPLATE.substitute(
             producer,
             k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
@@ -450,7 +452,7 @@ def lower_hopper_forward(spec: ForwardSpec, host: HostCode, name: str, one: SSAV
         return None
     hopper = HopperForward(spec, f"{name}_fwd_ws")
     ops = hopper.build()
-    saved = [spec.q_saved] if spec.q_saved is not None else []
+    saved = [spec.q_saved[0]] if spec.q_saved is not None else []
     ok = host.emit(TmaReadyOp([spec.q, spec.k, spec.v, spec.out, *saved], arch=9, rows=BLOCK_M), "use_hopper")
     items = host.emit(arith.MuliOp(host.mul(spec.batch, hopper.hq, "ws_bh"), host.cdiv(spec.q_len, BLOCK_M, "ws_m")),
                       "ws_items")

@@ -175,7 +175,9 @@ class SplitKernel(ForwardKernel):
             if self.q_saved_arg is not None:
                 saved = self.q_saved_arg
                 base, offs = self._packed_rows(saved, batch, head, rows)
-                first = b.and_(row_ok, b.broadcast_to(b.eq(split, 0), (self.block_m,)), name="q_saved_rows")
+                assert self.save_q_arg is not None and self.save_q_arg.value is not None
+                wanted = b.and_(b.eq(split, 0), b.ne(self.save_q_arg.value, 0))
+                first = b.and_(row_ok, b.broadcast_to(wanted, (self.block_m,)), name="q_saved_rows")
                 for part in self.layout:
                     cols, in_range = part.columns(b)
                     at = b.add(b.expand_dims(offs, 1), b.expand_dims(b.mul(cols, saved.strides[3]), 0))

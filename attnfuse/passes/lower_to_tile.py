@@ -54,7 +54,7 @@ from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.tile_plan import default_num_warps, forward_stores_q, in_kernel_transforms, prekernel_transforms
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
-from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp
+from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp, KeepsResultsOp
 from attnfuse.dialects.tile import DotOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
@@ -241,11 +241,13 @@ class LowerToTilePass(ModulePass):
         # the forward kernel, a buffer that kernel stores it into.
         saved = function.attributes.get("attnfuse.saved")
         saved_args = [a.value.data for a in saved.data] if isinstance(saved, ArrayAttr) else []  # type: ignore[attr-defined]
-        q_saved: SSAValue | None = None
+        q_saved: tuple[SSAValue, SSAValue] | None = None
         if program.q.arg_index in saved_args and q_in is q:
             assert forward_stores_q(program) and in_kernel_transforms(program.q.transforms)
             assert isinstance(q.type, TensorType)
-            q_saved = host.alloc(q.type, {0: batch, 2: q_len}, "q_transformed")
+            # stored only by calls that keep it (not by eager inference, which drops it)
+            q_saved = (host.alloc(q.type, {0: batch, 2: q_len}, "q_transformed"),
+                       host.emit(KeepsResultsOp(), "keeps_results"))
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=in_kernel_transforms(program.q.transforms),
@@ -283,7 +285,7 @@ class LowerToTilePass(ModulePass):
         # Host functions return (out, lse[, saved...][, tile_count]), whatever the program
         # returned: `saved`, the transformed sides that `lower-backward` asks for
         # (`attnfuse.saved`: the autograd formula keeps them for `@f_backward_saved`).
-        transformed = {program.q.arg_index: q_saved or q_in, program.k.arg_index: k_in}
+        transformed = {program.q.arg_index: q_saved[0] if q_saved else q_in, program.k.arg_index: k_in}
         kept = [transformed[a] for a in saved_args]
         assert all(t not in (q, k) for t in kept), "attnfuse.saved names a side the forward does not transform"
         results = [out, lse, *kept] + ([counter] if counter is not None else [])

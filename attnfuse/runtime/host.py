@@ -49,6 +49,7 @@ from attnfuse.dialects.host import (
     AllocOp,
     ConvertOp,
     DimOp,
+    KeepsResultsOp,
     LaunchOp,
     ReduceSumOp,
     SmCountOp,
@@ -141,6 +142,8 @@ class HostProgram:
         ret = function.body.block.last_op
         assert isinstance(ret, func.ReturnOp)
         self.returns = tuple(slots[v] for v in ret.arguments)
+        self.keeps = next((slots[op.result] for op in self.ops if isinstance(op, KeepsResultsOp)), None)
+        """The slot of `host.keeps_results`, which each call sets (`LaunchPlan.run`'s `lse`)."""
         self.cached_launches = self._launches_of_shapes_only()
         band = function.attributes.get(TOP_LEFT_BAND)
         self.top_left_band: tuple[int, ...] | None = (
@@ -281,6 +284,8 @@ class HostProgram:
             elif isinstance(op, SmCountOp):
                 slots[out] = sm_count(device)
                 static.add(out)
+            elif isinstance(op, KeepsResultsOp):
+                slots[out] = 1  # the first call of a shape class returns every result
             elif (fn := _scalar_fn(op)) is not None:
                 step = self._int_step(fn, op, out, slots, static)
             elif isinstance(op, AllocOp):
@@ -344,10 +349,11 @@ class HostProgram:
             size += nbytes
             (dropped if out in droppable else internal).append(step)
         if not internal and not dropped:
-            return LaunchPlan(device, blank, steps, self.returns)
+            return LaunchPlan(device, blank, steps, self.returns, keeps=self.keeps)
         scratch = Scratch(internal, dropped, self.n_args, device)
         reusing = [s for s in steps if s not in internal]
-        return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s not in dropped])
+        return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s not in dropped],
+                          keeps=self.keeps)
 
     def _int_step(self, fn: Callable[..., int], op: Operation, out: int, slots: Slots,
                   static: set[int]) -> Step | None:

@@ -5,7 +5,8 @@ returns the host program's results. Buffers that never leave a call (a table bui
 call, split-KV workspaces) are *scratch*: a plan keeps one set per stream (`Scratch`)
 and runs its steps without their allocations; a call that drops every result but the
 first (eager inference that returns only `out`) treats the others (the lse, the rotated
-K a forward returns for its backward) the same way.
+K a forward returns for its backward) the same way, and tells the kernels so
+(`host.keeps_results` is 0: the forward skips its store of the rotated Q).
 This is the caching allocator's own rule: memory that a call's kernels use on a stream
 may serve the next call on that stream, whose kernels run after them. Calls that use
 scratch run their steps one at a time per plan (a lock), so no other call's launches
@@ -82,11 +83,12 @@ class LaunchPlan:
 
     `steps` allocate every buffer; with `scratch`, `reusing` are the steps without the
     allocations of its buffers, and `lean` also without those of the results after the
-    first (for calls that drop them; `reusing` when they are not scratch)."""
+    first (for calls that drop them; `reusing` when they are not scratch). `keeps`: the
+    slot of `host.keeps_results`, set to 1 or 0 per call (whether it keeps every result)."""
 
     def __init__(self, device: torch.device, blank: Slots, steps: list[Step], returns: tuple[int, ...],
                  scratch: Scratch | None = None, reusing: list[Step] | None = None,
-                 lean: list[Step] | None = None) -> None:
+                 lean: list[Step] | None = None, *, keeps: int | None = None) -> None:
         self.device = device
         self.cuda_index = device.index if device.type == "cuda" else None
         self.blank = blank
@@ -95,6 +97,7 @@ class LaunchPlan:
         self.scratch = scratch
         self.reusing = steps if reusing is None else reusing
         self.lean = self.reusing if lean is None else lean
+        self.keeps = keeps
 
     def run(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """The host program's results on `args`; `lse=False`: the caller drops every
@@ -109,11 +112,15 @@ class LaunchPlan:
         key = None if scratch is None else scratch.key()
         if scratch is None or key is None:
             slots = [*args, *self.blank]
+            if self.keeps is not None:
+                slots[self.keeps] = int(lse)
             for step in self.steps:
                 step(slots)
         else:
             with scratch.lock:
                 slots = [*args, *scratch.blank(key, self.blank, lse)]
+                if self.keeps is not None:
+                    slots[self.keeps] = int(lse)
                 for step in self.reusing if lse else self.lean:
                     step(slots)
         return [slots[i] for i in self.returns]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import attnfuse
+from attnfuse.runtime import host
 from attnfuse.runtime.launch import KernelLaunch
 
 Q, K = "tensor<?x4x?x32xf32>", "tensor<?x2x?x32xf32>"
@@ -202,3 +203,24 @@ def test_backward_fills_no_zero_gradients(hybrid: attnfuse.AttentionFunction) ->
     big = [f for f in filled if any(list(s) in (list(q.shape), list(k.shape)) for s in f[1])]
     assert not big, big
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_calls_that_drop_the_saved_q_do_not_store_it(hybrid: attnfuse.AttentionFunction) -> None:
+    """`host.keeps_results`: an eager call that returns only `out` leaves the plan's
+    q_transformed buffer as it was (the forward kernel skips the store); a call that
+    keeps every result gets Q rotated."""
+    q, k, v = inputs(seed=9)
+    for _ in range(2):  # the shape class's plan, then its buffers for calls that drop results
+        hybrid(q, k, v)
+    plan = hybrid._runner.host.plan(host.call_signature([q, k, v]))  # noqa: SLF001
+    assert plan is not None and plan.keeps is not None and plan.scratch is not None
+    dropped = plan.scratch.blanks[0, False]
+    names = {i: v.name_hint for v, i in hybrid._runner.host.slots.items()}  # noqa: SLF001
+    (buffer,) = [t for i, t in enumerate(dropped, hybrid._runner.host.n_args)  # noqa: SLF001
+                 if names.get(i) == "q_transformed"]
+    buffer.fill_(7.0)
+    out = hybrid(q, k, v)
+    assert bool((buffer == 7.0).all())
+    q_rotated = hybrid.ops.forward(q, k, v)[2]
+    assert_rotated(q_rotated, q)
+    torch.testing.assert_close(hybrid.ops.forward(q, k, v)[0], out, rtol=0, atol=0)
