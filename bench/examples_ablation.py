@@ -59,12 +59,14 @@ VARIANTS: dict[str, dict[str, str]] = {
     "document": {
         "default": pipe(),
         "no_dkdv_block_map": pipe("", "dkdv-block-map=false"),
+        "triton_forward": pipe("", "", "hopper-forward=false"),
     },
     "alibi": {
         "default": pipe(),
         "no_fold_no_vectors": pipe("", NO_FOLD, NO_FOLD),
         "no_vectors": pipe("", "alibi-vectors=false", "alibi-vectors=false"),
         "fwd_4_warps": pipe("", "", "num-warps=4"),
+        "triton_forward": pipe("", "", "hopper-forward=false"),
     },
     "qwen3": {
         "default": pipe(),

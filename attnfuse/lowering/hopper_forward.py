@@ -36,7 +36,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
-from attnfuse.lowering.signature import KernelSignature
+from attnfuse.lowering.signature import KernelSignature, TensorArg
 
 BLOCK_M = 128
 """Query rows per CTA (two consumer warpgroups of 64)."""
@@ -80,8 +80,12 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
     if head_dim not in HEAD_DIMS or v_dim != head_dim:
         return f"head dims {head_dim}/{v_dim} (needs 64 or 128, equal for K and V)"
-    if spec.block_map is not None or online.plan.has_runtime_block_map():
-        return "the tile plan has a runtime block map"
+    if spec.block_map is not None and spec.k_transforms:
+        return "a runtime block map with K transformed in the kernel (the producer steps cos/sin along a band)"
+    if spec.block_map is not None and (online.plan.block_m.data, online.plan.block_n.data) != (BLOCK_M, BLOCK_N):
+        return f"a runtime block map of {online.plan.block_m.data} x {online.plan.block_n.data} tiles (needs 128 x 128)"
+    if spec.block_map is None and online.plan.has_runtime_block_map():
+        return "a runtime block map the spec does not provide"
     if online.sinks is not None:
         return "attention sinks"
     if online.dropout_seed is not None:
@@ -93,7 +97,7 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
     if spec.remap:
         return "not a forward program"
     for op in program.score_ops:
-        if isinstance(op, MaskOp) and op.kind_name in ("document", "prefix_lm"):
+        if isinstance(op, MaskOp) and op.kind_name == "prefix_lm":
             return f"a {op.kind_name} mask"
         if not isinstance(op, (MaskOp, BiasOp, SoftcapOp, ScoreModOp)):
             return f"score op {op.name}"
@@ -125,10 +129,7 @@ class HopperForward(DeviceFunctions):
         self.dtype: Attribute = q_type.element_type
         self.head_dim = q_type.get_shape()[3]
         scale = program.scores.scale_value()
-        # Masks commute with a positive scale: scale in the exp2 multiply-add.
-        self.defer_scale = scale > 0 and all(isinstance(op, MaskOp) for op in program.score_ops)
         self.scale = scale
-        self.qk_scale = scale * LOG2E if self.defer_scale else LOG2E
         rope = next((t for t in spec.q_transforms if isinstance(t, RopeOp)), None)
         self.layout = partition(rope, self.head_dim)
         self.k_rope = next((t for t in spec.k_transforms if isinstance(t, RopeOp)), None)
@@ -151,7 +152,19 @@ class HopperForward(DeviceFunctions):
         # arithmetic, as PyTorch's RoPE in that dtype), QK-norm in fp32.
         self.k_packed = [type(t) for t in spec.k_transforms] == [RopeOp]
         self.k_side = SideTransforms(spec.k_transforms, SideContext(sig, self.head_dim, spec.inv_freq), "k")  # type: ignore[arg-type]
-        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks)  # type: ignore[arg-type]
+        self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks,  # type: ignore[arg-type]
+                                spec.alibi_vectors)
+        # The scale folds through the score chain into the exp2 multiply-add (`fold_scale`;
+        # masks commute with it, so a chain of masks alone always folds): the chain runs
+        # on the raw scores and leaves a constant factor on its output.
+        self.fold = scale > 0 and (spec.fold_scale or all(isinstance(op, MaskOp) for op in program.score_ops))
+        self.qk_scale = (self.chain.scaled_factor(scale) if self.fold else 1.0) * LOG2E
+        self.map_args: list[TensorArg] = []
+        if spec.block_map is not None:
+            bm = spec.block_map
+            self.map_args = [sig.tensor(n, v) for n, v in (
+                ("partial_count", bm.partial_count), ("partial_index", bm.partial_index),
+                ("full_count", bm.full_count), ("full_index", bm.full_index))]
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
         self.batch_arg = sig.scalar("B", spec.batch)
@@ -199,8 +212,24 @@ class HopperForward(DeviceFunctions):
                             b.lt(index, items, name="valid"))
 
     def _range_function(self) -> FuncOp:
+        """The KV walk of the item at `q_start`: for a band (first tile start, tile count,
+        [full_lo, full_hi) the keys of tiles that need no mask); for a runtime block map
+        (the item's row of the map, tile count, count of partial tiles, 0)."""
         op, b = self._function("range", [("q_start", i32), ("batch", i32), ("head", i32)])
         q_start = op.args[0]
+        if self.spec.block_map is not None:
+            assert self.q_len_arg.value is not None
+            map_head: Value = op.args[2] if self.spec.block_map.per_head else 0
+            map_heads = self.hq if self.spec.block_map.per_head else 1
+            q_blocks = b.cdiv(self.q_len_arg.value, BLOCK_M, name="q_blocks")
+            row = b.add(b.mul(b.add(b.mul(op.args[1], map_heads), map_head), q_blocks), b.div(q_start, BLOCK_M),
+                        name="map_slot")
+            counts = []
+            for arg in (self.map_args[0], self.map_args[2]):
+                assert arg.ptr is not None
+                counts.append(b.load(arg.ptr, b.mul(row, arg.strides[0])))
+            return self._finish(op, b, row, b.add(counts[0], counts[1], name="n_tiles"), counts[0],
+                                b.constant(0, i32))
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         plan, bn = self.online.plan, BLOCK_N
@@ -229,6 +258,26 @@ class HopperForward(DeviceFunctions):
         n_tiles = b.div(b.maximum(b.sub(hi_tiles, lo), 0), bn, name="n_tiles")
         lo_value = lo if isinstance(lo, SSAValue) else b.constant(lo, i32)
         return self._finish(op, b, lo_value, n_tiles, f0, f1)
+
+    def _tile_function(self) -> FuncOp:
+        """The `j`-th tile of a walk (`_range_function`'s four scalars): its first key and
+        whether the plan's masks apply. A band goes from its last tile down to its
+        first; a block map's row lists partial tiles, then full ones."""
+        op, b = self._function("tile", [("j", i32), ("kv_lo", i32), ("n_tiles", i32), ("full_lo", i32),
+                                        ("full_hi", i32)])
+        j, kv_lo, n_tiles, full_lo, full_hi = op.args[:5]
+        if self.spec.block_map is None:
+            start = b.add(kv_lo, b.mul(b.sub(b.sub(n_tiles, 1), j), BLOCK_N), name="start")
+            return self._finish(op, b, start, b.or_(b.lt(start, full_lo), b.ge(start, full_hi), name="masked"))
+        # kv_lo is the map row, full_lo the count of its partial tiles
+        masked = b.lt(j, full_lo, name="masked")
+        indices = []
+        for arg, at in ((self.map_args[1], j), (self.map_args[3], b.maximum(b.sub(j, full_lo), 0))):
+            assert arg.ptr is not None
+            row = b.ptr_add(arg.ptr, b.mul(b.to_i64(kv_lo), b.to_i64(arg.strides[0])))
+            indices.append(b.load(row, b.mul(at, arg.strides[1])))
+        block = b.where(masked, indices[0], indices[1], name="kv_block")
+        return self._finish(op, b, b.mul(block, BLOCK_N, name="start"), masked)
 
     def _q_function(self) -> FuncOp:
         op, b = self._function("q", [("rows", TensorType(i32, [ROWS])), ("batch", i32), ("head", i32)])
@@ -292,7 +341,7 @@ class HopperForward(DeviceFunctions):
         split = self.k_split
         plain_qk = "    return warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)"
         if not self.spec.k_transforms:
-            return [], dict(producer=PRODUCER.substitute(common, range_fn=f"{self.name}_range"),
+            return [], dict(producer=PRODUCER.substitute(common, range_fn=f"{self.name}_range", tile_fn=f"{self.name}_tile"),
                             producer_extra="", k_raw_init="", producer_warps=1,
                             consumer_regs=240, producer_regs=24, qk_body=plain_qk, k2_alloc="    k2_smem = k_smem")
         width = min(p.width for p in self.k_layout)
@@ -321,7 +370,7 @@ class HopperForward(DeviceFunctions):
         lines += [f"{pad}{view}.store({n})" for n, view in zip(names, views)]
         lines += step
         text = TRANSFORMING_PRODUCER.substitute(
-            common, range_fn=f"{self.name}_range", k_vec=vec, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
+            common, range_fn=f"{self.name}_range", tile_fn=f"{self.name}_tile", k_vec=vec, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
             k_setup=setup, k_transform="\n".join(lines), k_parts=2 if split else 1,
             k2_load=("            tma.async_copy_global_to_shared(k_desc, [k_row + start, k_desc.block_type.shape[1]], "
                      "k_raw.index(st), k2_smem.index(st))\n") if split else "")
@@ -340,19 +389,24 @@ class HopperForward(DeviceFunctions):
                                producer_warps=PRODUCER_WARPS, consumer_regs=consumer_regs,
                                producer_regs=producer_regs, qk_body=qk, k2_alloc=k2_alloc)
 
-    def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scale: bool) -> FuncOp:
-        """`chain` (with its planned masks unless `full_tile`) on an S tile, after the
-        scale when `scale`."""
+    def _score_function(self, suffix: str, chain: ScoreChain, *, full_tile: bool, scaled: bool) -> FuncOp:
+        """`chain` (with its planned masks unless `full_tile`) on a raw S tile when
+        `scaled` (folding the scale through it, or multiplying by it first), else on the
+        chain's own input units (the masks at the end of a chain)."""
         leading: list[tuple[str, Attribute]] = [
             ("s", TensorType(f32, [ROWS, BLOCK_N])), ("rows", TensorType(i32, [ROWS])),
-            ("cols", TensorType(i32, [BLOCK_N])), ("batch", i32), ("head", i32)]
+            ("cols", TensorType(i32, [BLOCK_N])), ("start", i32), ("batch", i32), ("head", i32)]
         op, b = self._function(suffix, leading)
-        s, rows, cols, batch, head = op.args[:5]
+        s, rows, cols, start, batch, head = op.args[:6]
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         valid = b.and_(b.expand_dims(b.lt(rows, q_len), 1), b.expand_dims(b.lt(cols, kv_len), 0), name="valid")
-        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid)
-        if scale:
+        at = TileCoords(batch, head, rows, cols, q_len, kv_len, valid, kv_start=start)
+        if scaled and self.fold:
+            s, factor = chain.apply_scaled(b, s, self.scale, at, full_tile=full_tile)
+            assert factor * LOG2E == self.qk_scale
+            return self._finish(op, b, s)
+        if scaled:
             s = b.mul(s, self.scale, name="s")
         return self._finish(op, b, chain.apply(b, s, at, full_tile=full_tile))
 
@@ -363,24 +417,23 @@ class HopperForward(DeviceFunctions):
         (`if masked: s = masks(s)`, after the rest of the chain on every tile); otherwise
         the chain runs in one of two versions, with or without the planned masks."""
         ops, planned = self.spec.program.score_ops, self.spec.planned_masks
-        scale = not self.defer_scale
         head = len(ops)
         while head > 0 and ops[head - 1] in planned:
             head -= 1
         functions: list[FuncOp] = []
         lines: list[str] = []
-        masked = "    if (start < full_lo) | (start >= full_hi):"
+        masked = "    if masked:"
         if not any(op in planned for op in ops[:head]):
-            if head > 0 or scale:
-                functions.append(self._score_function("score", self.chain, full_tile=True, scale=scale))
+            if head > 0 or not self.fold:
+                functions.append(self._score_function("score", self.chain, full_tile=True, scaled=True))
                 lines.append(f"    s = {functions[-1].sym_name.data}({call_args})")
             if head < len(ops):
                 tail = ScoreChain(ops[head:], self.sig, self.spec.host_table, planned)  # type: ignore[arg-type]
-                functions.append(self._score_function("score_masks", tail, full_tile=False, scale=False))
+                functions.append(self._score_function("score_masks", tail, full_tile=False, scaled=False))
                 lines += [masked, f"        s = {functions[-1].sym_name.data}({call_args})"]
             return functions, lines
-        functions.append(self._score_function("score_masked", self.chain, full_tile=False, scale=scale))
-        functions.append(self._score_function("score_full", self.chain, full_tile=True, scale=scale))
+        functions.append(self._score_function("score_masked", self.chain, full_tile=False, scaled=True))
+        functions.append(self._score_function("score_full", self.chain, full_tile=True, scaled=True))
         lines += [masked, f"        s = {functions[0].sym_name.data}({call_args})",
                   "    else:", f"        s = {functions[1].sym_name.data}({call_args})"]
         return functions, lines
@@ -389,11 +442,11 @@ class HopperForward(DeviceFunctions):
 
     def build(self) -> list[Operation]:
         """The device functions, then the kernel."""
-        functions = [self._range_function(), self._q_function()]
+        functions = [self._range_function(), self._q_function(), self._tile_function()]
         arg_names = [n for n, _ in self._decls()]
         args = ", ".join(arg_names)
         cols = "start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))"
-        call_args = f"s, rows, {cols}, batch, head, {args}"
+        call_args = f"s, rows, {cols}, start, batch, head, {args}"
         score_functions, lines = self._score_step(call_args)
         functions += score_functions
         q_fn = functions[1].sym_name.data
@@ -417,7 +470,7 @@ class HopperForward(DeviceFunctions):
             producer,
             k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
             group_v=self.hq // self.hv, stages=STAGES, qk_scale=repr(self.qk_scale), args=args,
-            range_fn=functions[0].sym_name.data, q_store="\n".join(q_lines),
+            range_fn=functions[0].sym_name.data, tile_fn=functions[2].sym_name.data, q_store="\n".join(q_lines),
             steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work",
             score_step="\n".join(lines) or "    pass", q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name,
             lse=lse, lse_s0=f"{lse}_stride0", lse_s1=f"{lse}_stride1", lse_s2=f"{lse}_stride2",

@@ -13,8 +13,10 @@ the other's tensor-core work. The walk goes from the last KV tile of the band do
 the first (the diagonal, masked tile first for causal bands).
 
 What is problem-specific comes from tile IR device functions (`tile_hopper.func`):
-`$range_fn` (the KV walk of an item: first tile start, tile count, and the range
-[full_lo, full_hi) of tiles that need no mask), `$q_fn` (loads and transforms the
+`$range_fn` (the KV walk of an item: four scalars, for a band its first tile start, tile
+count and the range [full_lo, full_hi) of tiles that need no mask, for a runtime block
+map its row of the map, tile count and count of partial tiles), `$tile_fn` (the walk's
+`j`-th tile from those four: its first key and whether the plan's masks apply), `$q_fn` (loads and transforms the
 consumer's Q rows, returning column parts) and the score functions (`$score_masked`,
 `$score_full`: the score chain on the raw S tile, in the units `$qk_scale` turns into
 log2 units). `$args` are the kernel's pointer/stride/scalar arguments, passed to every
@@ -42,8 +44,9 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
 
 
 @gluon.jit
-def ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args):
-    """One online-softmax step of the S tile at key `start` (m in log2 units)."""
+def ${k}_softmax(s, m_i, l_i, rows, start, masked, batch, head, $args):
+    """One online-softmax step of the S tile at key `start`, `masked` when the plan's
+    masks apply to it (m in log2 units)."""
 $score_step
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * $qk_scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -102,8 +105,8 @@ $q_save
         mbarrier.arrive(turn.index(OTHER))
         s = warpgroup_mma_wait(0, deps=[s_tok])
         mbarrier.arrive(k_empty.index(st))
-        start = kv_lo + (n_tiles - 1) * BN
-        p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
+        start, masked = $tile_fn(0, kv_lo, n_tiles, full_lo, full_hi, $args)
+        p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, masked, batch, head, $args)
         for j in range(1, n_tiles):
             t = kt + j
             st = t % $stages
@@ -118,12 +121,12 @@ $q_save
             mbarrier.arrive(turn.index(OTHER))
             s = warpgroup_mma_wait(1, deps=[s_tok])
             mbarrier.arrive(k_empty.index(st))
-            start = kv_lo + (n_tiles - 1 - j) * BN
-            if (start < full_lo) | (start >= full_hi):
+            start, masked = $tile_fn(j, kv_lo, n_tiles, full_lo, full_hi, $args)
+            if masked:
                 # a masked tile (band edges, a few per CTA): finish P V first, which frees
                 # P's registers for the mask code
                 o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-            p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, full_lo, full_hi, batch, head, $args)
+            p, m_i, alpha, l_i = ${k}_softmax(s, m_i, l_i, rows, start, masked, batch, head, $args)
             o, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
             mbarrier.arrive(v_empty.index(prev))
         t = kt + n_tiles - 1
@@ -201,7 +204,7 @@ $k_raw_init
     ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
 """Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
-args, steps_fn, work_fn, range_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
+args, steps_fn, work_fn, range_fn, tile_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
 text of `PRODUCER` or `TRANSFORMING_PRODUCER`: its `${k}_load`), `producer_extra` (the load's arguments before
 `args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
 `producer_regs`; `consumer_extra` (`qs_desc, ` or nothing), `q_save` (the TMA store of
@@ -221,7 +224,7 @@ def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         t = kt + j
         st = t % $stages
         ph = (t // $stages) & 1
-        start = kv_lo + (n_tiles - 1 - j) * BN
+        start, masked = $tile_fn(j, kv_lo, n_tiles, full_lo, full_hi, $args)
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(k_empty.index(st), ph ^ 1)
         mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
@@ -256,7 +259,7 @@ $k_setup
         if j < n_tiles:
             t = kt + j
             st = t % $stages
-            start = kv_lo + (n_tiles - 1 - j) * BN
+            start, masked = $tile_fn(j, kv_lo, n_tiles, full_lo, full_hi, $args)
             mbarrier.wait(k_empty.index(st), ((t // $stages) & 1) ^ 1)
             mbarrier.expect(k_raw.index(st), $k_parts * k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_raw.index(st), k_smem.index(st))
@@ -264,7 +267,7 @@ $k2_load        if j > 0:
             t = kt + j - 1
             st = t % $stages
             ph = (t // $stages) & 1
-            start = kv_lo + (n_tiles - j) * BN
+            start, masked = $tile_fn(j - 1, kv_lo, n_tiles, full_lo, full_hi, $args)
             mbarrier.wait(k_raw.index(st), ph)
             tile = k_smem.index(st)
             tile2 = k2_smem.index(st)

@@ -151,6 +151,15 @@ class ScoreChain:
                 k = 1.0
         return t, k
 
+    def scaled_factor(self, k: float) -> float:
+        """The factor `apply_scaled` leaves on the chain's output for scores `t * k`."""
+        for op in self.ops:
+            if isinstance(op, SoftcapOp):
+                k = op.float_option("cap")
+            elif not isinstance(op, (MaskOp, BiasOp)):
+                k = 1.0
+        return k
+
     def _apply_one(
         self, b: TileBuilder, n: int, op: Operation, s: SSAValue, at: TileCoords, full_tile: bool
     ) -> SSAValue:

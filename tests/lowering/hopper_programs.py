@@ -146,6 +146,21 @@ def _interleaved() -> str:
     return b.build().text
 
 
+def _head_mask() -> str:
+    """A custom mask that reads the head (key <= query - 64 * head): a runtime block map
+    per query head, GQA 8/2, RoPE."""
+    b = Builder("head_mask", hq=8, hkv=2, d=128, dtype="bf16")
+    body = """
+        %c$ = arith.constant 64 : index
+        %o$ = arith.muli %h$, %c$ : index
+        %w$ = arith.subi %q$, %o$ : index
+        %keep$ = arith.cmpi sle, %kv$, %w$ : index
+        attn.yield %keep$ : i1
+    """
+    b.rope(theta=10000.0).custom_mask(body)
+    return b.build().text
+
+
 ELIGIBLE: dict[str, tuple[str, str]] = {
     "llama3": ((EXAMPLES / "llama3.attn").read_text(), pipeline()),
     "llama3_1": ((EXAMPLES / "llama3_1.attn").read_text(), pipeline()),
@@ -160,6 +175,8 @@ ELIGIBLE: dict[str, tuple[str, str]] = {
     "qwen3_fused": (_example("qwen3", "qwen3_fused"), pipeline("fused")),
     "d64_fused": (_d64("d64_fused"), pipeline("fused")),
     "qk_norm_fused": (_qk_norm_only(), pipeline("fused")),
+    "document": ((EXAMPLES / "document.attn").read_text(), pipeline()),
+    "head_mask": (_head_mask(), pipeline()),
 }
 
 def _k_positions() -> str:
@@ -173,7 +190,7 @@ def _k_positions() -> str:
 INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "gemma2": ((EXAMPLES / "gemma2.attn").read_text(), pipeline(), "head dims 256/256"),
     "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), pipeline(), "attention sinks"),
-    "document": ((EXAMPLES / "document.attn").read_text(), pipeline(), "runtime block map"),
+    "head_mask_fused": (_head_mask(), pipeline("fused"), "a runtime block map with K transformed in the kernel"),
     "dropout": ((EXAMPLES / "dropout.attn").read_text(), pipeline(), "dropout"),
     "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), pipeline(), "not all bf16 or all f16"),
     "sinks": (_sinks(), pipeline(), "attention sinks"),

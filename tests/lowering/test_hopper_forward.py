@@ -29,6 +29,7 @@ from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects import tile_hopper as th
 from attnfuse.dialects.host import LaunchOp, TmaReadyOp
 from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.dialects.tile_compute import ConvertOp
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.runtime.host import tma_unready_reason
 from xdsl.dialects.builtin import ModuleOp, TensorType, f32
@@ -84,11 +85,12 @@ def test_planned_masks_run_on_masked_tiles_only() -> None:
     tiles at the band's edges also the masks."""
     module = lower(*ELIGIBLE["gemma2_like"])
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
-    assert names == ["gemma2_like_fwd_ws_range", "gemma2_like_fwd_ws_q", "gemma2_like_fwd_ws_score",
-                     "gemma2_like_fwd_ws_score_masks", "gemma2_like_fwd_ws_steps", "gemma2_like_fwd_ws_work"]
+    assert names == ["gemma2_like_fwd_ws_range", "gemma2_like_fwd_ws_q", "gemma2_like_fwd_ws_tile",
+                     "gemma2_like_fwd_ws_score", "gemma2_like_fwd_ws_score_masks", "gemma2_like_fwd_ws_steps",
+                     "gemma2_like_fwd_ws_work"]
     (kernel,) = ops_of(module, th.KernelOp)
     assert "    s = gemma2_like_fwd_ws_score(s, rows" in kernel.template.data
-    assert "    if (start < full_lo) | (start >= full_hi):\n        s = gemma2_like_fwd_ws_score_masks(" in kernel.template.data
+    assert "    if masked:\n        s = gemma2_like_fwd_ws_score_masks(" in kernel.template.data
 
 
 def test_planned_mask_inside_the_chain_gives_two_versions() -> None:
@@ -97,9 +99,32 @@ def test_planned_mask_inside_the_chain_gives_two_versions() -> None:
     b.mask("causal").alibi()
     module = lower(b.build().text, pipeline("fused"))
     names = [f.sym_name.data for f in ops_of(module, th.FuncOp)]
-    assert names[2:4] == ["mask_first_fwd_ws_score_masked", "mask_first_fwd_ws_score_full"]
+    assert names[3:5] == ["mask_first_fwd_ws_score_masked", "mask_first_fwd_ws_score_full"]
     (kernel,) = ops_of(module, th.KernelOp)
     assert "    else:\n        s = mask_first_fwd_ws_score_full(" in kernel.template.data
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_alibi_scale_folds_and_converts_vectors_only(fold: bool) -> None:
+    """ALiBi (f16, D = 64, scale 1/8): with `fold-scale` and `alibi-vectors` the score
+    function adds the distance vectors (int-to-float conversions of [BM] and [BN]
+    vectors only, no multiply of the tile by the scale) and the exp2 multiply-add takes
+    scale * log2(e); the ablation scales the tile and converts the [BM, BN] distances."""
+    text, pipe = ELIGIBLE["alibi"]
+    if not fold:
+        pipe = pipe.replace("lower-to-tile", "lower-to-tile{fold-scale=false alibi-vectors=false}")
+    module = lower(text, pipe)
+    (score,) = [f for f in ops_of(module, th.FuncOp) if f.sym_name.data == "alibi_fwd_ws_score"]
+    converted = [op.results[0].type for op in score.walk() if isinstance(op, ConvertOp)]
+    ranks = {len(t.get_shape()) for t in converted if isinstance(t, TensorType)}
+    (kernel,) = ops_of(module, th.KernelOp)
+    scaled_tile = " = s * 0.125\n" in emit_function(score)
+    if fold:
+        assert ranks == {1} and not scaled_tile
+        assert f"* {0.125 * 1.4426950408889634!r})" in kernel.template.data
+    else:
+        assert 2 in ranks and scaled_tile
+        assert f"* {1.4426950408889634!r})" in kernel.template.data
 
 
 def test_gluon_kernels_compile_for_sm90() -> None:
@@ -128,8 +153,10 @@ def test_gluon_kernels_compile_for_sm90() -> None:
             # the item loop's scalars (step, ring position, the arguments the next
             # item's prologue reads) may be spilled across setmaxnreg and reloaded once
             # per item; inside the KV loop only score_mod reloads two (per tile, against
-            # a tile's thousands of instructions; none before the item loop)
-            assert r["loop_local_loads"] <= 2 and r["spill_bytes"] <= 96, (name, r)
+            # a tile's thousands of instructions; none before the item loop). A runtime
+            # block map's four buffers (pointers and strides) add to those scalars: 148
+            # bytes for head_mask, whose custom predicate reads the head
+            assert r["loop_local_loads"] <= 2 and r["spill_bytes"] <= 160, (name, r)
             assert {24, 240} <= set(r["setmaxnreg"]), (name, r)
 
 
@@ -237,11 +264,29 @@ def test_descriptor_arguments_are_2d_views() -> None:
         assert desc.block_shape == [128, 64] and desc.layout.swizzle_byte_width == 128
 
 
+class _Pointer:
+    """A pointer into a flat tensor, for `_ScalarGluon.load`."""
+
+    def __init__(self, tensor: torch.Tensor, offset: int = 0) -> None:
+        self.tensor, self.offset = tensor, offset
+
+    def __add__(self, offset: int) -> _Pointer:
+        return _Pointer(self.tensor, self.offset + int(offset))
+
+
 class _ScalarGluon:
     """Just enough of `gl` to run an emitted scalar device function as Python."""
 
-    int32 = "int32"
+    int32, int64 = "int32", "int64"
     maximum, minimum = staticmethod(max), staticmethod(min)
+
+    @staticmethod
+    def load(pointer: _Pointer) -> int:
+        return int(pointer.tensor.flatten()[pointer.offset])
+
+    @staticmethod
+    def cast(x: int, dtype: str) -> int:
+        return int(x)
 
     @staticmethod
     def where(c: bool, a: int, b: int) -> int:
@@ -292,6 +337,59 @@ def test_kv_walk_covers_the_band(name: str) -> None:
             assert lo % 128 == 0 and (n == 0 or lo + n * 128 <= kv_len) and full_lo <= full_hi
             for start in range(full_lo, full_hi, 128):
                 assert lo <= start < lo + n * 128 and bool(rows[:, start:start + 128].all()), (q_len, kv_len, m, start)
+
+
+def _map_keep(name: str, batch: int, heads: int, q_len: int, kv_len: int, doc: torch.Tensor | None) -> torch.Tensor:
+    """[B, H, Sq, Skv] kept elements of the block-map programs, from their definitions."""
+    q, kv = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
+    if name == "head_mask":
+        return torch.stack([kv <= q - 64 * h for h in range(heads)])[None].expand(batch, -1, -1, -1)
+    assert doc is not None
+    return ((kv <= q) & (doc[:, :, None] == doc[:, None, :]))[:, None]
+
+
+@pytest.mark.parametrize("name", ["document", "head_mask"])
+def test_block_map_walk_visits_the_kept_tiles(name: str) -> None:
+    """The range and tile device functions of a runtime block map, run as Python over a
+    map laid out as `block_map.py` writes it (per (batch[, head], q block) row: partial,
+    then full kv blocks): every item walks each tile with a kept element once, masked
+    exactly where the tile is partial, and its rows' map row (per head for head_mask)."""
+    module = lower(*ELIGIBLE[name])
+    walk, walk_names = _scalar_function(module, "range")
+    tile, tile_names = _scalar_function(module, "tile")
+    batch, heads, q_len, kv_len = 2, 8 if name == "head_mask" else 32, 768, 768
+    doc = torch.tensor([0] * 300 + [1] * 200 + [2] * 268).repeat(batch, 1) if name == "document" else None
+    if doc is not None:
+        doc[1] = torch.tensor([0] * 130 + [1] * 638)
+    keep = _map_keep(name, batch, heads, q_len, kv_len, doc)
+    n_q, n_kv = q_len // 128, kv_len // 128
+    tiles = keep.reshape(*keep.shape[:2], n_q, 128, n_kv, 128)
+    kept, full = tiles.any(dim=(3, 5)), tiles.all(dim=(3, 5))
+    slots = batch * keep.shape[1] * n_q
+    partial_count, full_count = torch.zeros(slots, dtype=torch.int32), torch.zeros(slots, dtype=torch.int32)
+    partial_index = torch.full((slots, n_kv), -1, dtype=torch.int32)
+    full_index = torch.full((slots, n_kv), -1, dtype=torch.int32)
+    for slot, (b, h, m) in enumerate((b, h, m) for b in range(batch) for h in range(keep.shape[1]) for m in range(n_q)):
+        for counts, index, blocks in ((partial_count, partial_index, (kept & ~full)[b, h, m]),
+                                      (full_count, full_index, full[b, h, m])):
+            found = blocks.nonzero().flatten()
+            counts[slot] = len(found)
+            index[slot, :len(found)] = found.to(torch.int32)
+    maps = {"partial_count": partial_count, "partial_index": partial_index, "full_count": full_count,
+            "full_index": full_index}
+    scalars: dict[str, Any] = {"Sq": q_len, "Skv": kv_len, "B": batch}
+    for arg, tensor in maps.items():
+        scalars[arg] = _Pointer(tensor)
+        scalars.update({f"{arg}_stride{i}": st for i, st in enumerate(tensor.stride())})
+    for b in range(batch):
+        for h in range(heads):
+            for m in range(n_q):
+                lo, n, full_lo, full_hi = walk(m * 128, b, h, **{k: scalars.get(k) for k in walk_names[3:]})
+                visited = [tile(j, lo, n, full_lo, full_hi, **{k: scalars.get(k) for k in tile_names[5:]})
+                           for j in range(n)]
+                map_h = h if keep.shape[1] > 1 else 0
+                want = sorted((int(c) * 128, not bool(full[b, map_h, m, c])) for c in kept[b, map_h, m].nonzero())
+                assert sorted(visited) == want, (b, h, m)
 
 
 def _scalar_function(module: ModuleOp, suffix: str) -> tuple[Callable[..., Any], list[str]]:
