@@ -60,6 +60,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "default": pipe(),
         "no_dkdv_block_map": pipe("", "dkdv-block-map=false"),
         "triton_forward": pipe("", "", "hopper-forward=false"),
+        "hopper_block_map": pipe("", "hopper-block-map=true"),
     },
     "alibi": {
         "default": pipe(),

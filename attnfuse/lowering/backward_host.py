@@ -33,8 +33,9 @@ from attnfuse.lowering.backward import (
     GradBuffers,
 )
 from attnfuse.lowering.block_map import build_block_map
-from attnfuse.lowering.forward import ForwardSpec
+from attnfuse.lowering.forward import BlockMap, ForwardSpec
 from attnfuse.lowering.hopper_backward import BLOCK_M as HOPPER_BLOCK_M
+from attnfuse.lowering.hopper_backward import BLOCK_N as HOPPER_BLOCK_N
 from attnfuse.lowering.hopper_backward import (
     HopperBackward,
     hopper_ready,
@@ -74,7 +75,8 @@ class BackwardHost:
                  rope_table: bool = True, transforms_in_kernel: bool = False,
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
-                 f32_dot: str = "ieee", hopper_backward: bool = False, given: tuple[str, ...] = ()) -> None:
+                 f32_dot: str = "ieee", hopper_backward: bool = False, hopper_block_map: bool = False,
+                 given: tuple[str, ...] = ()) -> None:
         self.program = program
         self.given = given
         self.kernels: list[Operation] = []
@@ -106,13 +108,14 @@ class BackwardHost:
         self.any_pre = bool(prekernel_transforms(program.q.transforms) or prekernel_transforms(program.k.transforms)) or (
             not transforms_in_kernel and bool(program.q.transforms or program.k.transforms))
         self.packed: PackedHost | None = None
+        self.hopper_block_map = hopper_block_map
         self.hopper = hopper_backward and self._hopper_eligible()
 
     def _hopper_eligible(self) -> bool:
         p = self.program
         kernel_transforms = bool(self.in_kernel(p.q.transforms) or self.in_kernel(p.k.transforms))
         reason = hopper_ineligible_reason(p, kernel_transforms=kernel_transforms, packed=packed_batch(p) is not None,
-                                          count_tiles=self.count_tiles)
+                                          count_tiles=self.count_tiles, block_maps=self.hopper_block_map)
         if reason is not None:
             logger.debug("@%s: Hopper backward schedule not used: %s", self.name, reason)
         return reason is None
@@ -226,17 +229,9 @@ class BackwardHost:
         # dV is one buffer that either path writes; without the Hopper path, the Triton path
         # allocates it after its dQ and dK.
         d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v") if self.hopper else None
-        block_map = kv_block_map = None
-        if self.online.plan.has_runtime_block_map():
-            for transposed in (False, True) if self.dkdv.block_map else (False,):
-                built, map_kernel = build_block_map(p, host, inputs["q"], inputs["k"], batch, q_len, kv_len,
-                                                    one, f"{self.name}_bwd", remap=self.remap,
-                                                    blocks=(self.block_m, self.block_n), transposed=transposed)
-                self.kernels.append(map_kernel)
-                block_map, kv_block_map = (block_map, built) if transposed else (built, None)
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
-        planned = set(effective_masks(p.score_ops)) if (
-            self.online.plan.is_exact() or block_map is not None) else set()
+        has_map = self.online.plan.has_runtime_block_map()
+        planned = set(effective_masks(p.score_ops)) if (self.online.plan.is_exact() or has_map) else set()
 
         # Two paths where the Hopper schedule is built, chosen per shape class: the Gluon
         # kernel adds dQ into an f32 buffer (zeroed unless the first adder of every tile
@@ -251,6 +246,10 @@ class BackwardHost:
                 paths.append(self._hopper_path(inputs, q, k, v, d_out, lse, delta, d_v, batch, q_len, kv_len, one,
                                                planned))
         with host.guarded(use_hopper, unless=True) if use_hopper is not None else nullcontext():
+            block_map = kv_block_map = None
+            if has_map:  # the Triton kernels' maps, of their tiles
+                block_map, kv_block_map = self._block_maps(inputs, batch, q_len, kv_len, one, f"{self.name}_bwd",
+                                                           (self.block_m, self.block_n), self.dkdv.block_map)
             fwd_spec = ForwardSpec(
                 program=p, q=inputs["q"], k=inputs["k"], v=v, out=out, lse=None, batch=batch, q_len=q_len,
                 kv_len=kv_len, q_transforms=q_kernel_tf, k_transforms=k_kernel_tf, planned_masks=planned,
@@ -290,6 +289,20 @@ class BackwardHost:
 
     # ------------------------------------------------------------------ helpers
 
+    def _block_maps(self, inputs: dict[str, SSAValue], batch: SSAValue, q_len: SSAValue, kv_len: SSAValue,
+                    one: SSAValue, name: str, blocks: tuple[int, int], transposed: bool,
+                    ranks: bool = False) -> tuple[BlockMap, BlockMap | None]:
+        """The runtime block map of `blocks` tiles (with `ranks`) and, if `transposed`, its
+        transpose, each built by a kernel launched here."""
+        maps: list[BlockMap] = []
+        for flip in (False, True) if transposed else (False,):
+            built, kernel = build_block_map(self.program, self.host, inputs["q"], inputs["k"], batch, q_len, kv_len,
+                                            one, name, remap=self.remap, blocks=blocks, transposed=flip,
+                                            ranks=ranks and not flip)
+            self.kernels.append(kernel)
+            maps.append(built)
+        return maps[0], maps[1] if transposed else None
+
     def _hopper_path(self, inputs: dict[str, SSAValue], q: SSAValue, k: SSAValue, v: SSAValue, d_out: SSAValue,
                      lse: SSAValue, delta: SSAValue, d_v: SSAValue, batch: SSAValue, q_len: SSAValue,
                      kv_len: SSAValue, one: SSAValue,
@@ -297,8 +310,17 @@ class BackwardHost:
         """(dQ, dK, norm weight gradients) of the Hopper schedule (inside its guard)."""
         p, host = self.program, self.host
         hq = p.heads[0]
+        # dQ tiles no key block visits are never stored: zero them (a band that keeps a
+        # key in every row has none; a runtime block map may)
+        has_map = self.online.plan.has_runtime_block_map()
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, False, accumulate=True,
-                                zero=not _band(self.online.plan).keeps_a_key_per_row())
+                                zero=has_map or not _band(self.online.plan).keeps_a_key_per_row())
+        maps: tuple[BlockMap, BlockMap] | None = None
+        if has_map:  # the map the CTAs walk (transposed) and the one whose ranks order dQ
+            ranked, walk = self._block_maps(inputs, batch, q_len, kv_len, one, f"{self.name}_bwd_ws",
+                                            (HOPPER_BLOCK_N, HOPPER_BLOCK_N), True, ranks=True)
+            assert walk is not None
+            maps = (walk, ranked)
         k_epilogue = self._epilogue_ropes()["k"]
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(k_epilogue))
         turns = host.alloc(TensorType(i32, [DYNAMIC_INDEX, hq, DYNAMIC_INDEX, 2]),
@@ -306,7 +328,7 @@ class BackwardHost:
                            zero=True)
         hopper = HopperBackward(p, f"{self.name}_bwd_ws", q_len=q_len, kv_len=kv_len, dk=d_k, dv=d_v,
                                 host_table=host.table, planned=planned, remap=self.remap, dq_turns=turns,
-                                k_epilogue=k_epilogue, inv_freq=self.inv_freq, rope_table=self.tables)
+                                k_epilogue=k_epilogue, inv_freq=self.inv_freq, rope_table=self.tables, maps=maps)
         self.kernels.extend(lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
                                                   k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one))
         weight_grads: dict[int, SSAValue] = {}

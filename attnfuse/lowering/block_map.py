@@ -11,6 +11,10 @@ The *transposed* map (`transposed=True`) lists, per kv block, the q blocks that 
 the dK/dV kernel, one program per kv block, walks it like the forward walks its map. A
 full tile there is in bounds along both dims (the dK/dV kernel then loads its q rows
 without masks).
+
+With `ranks`, the (untransposed) map also records at each kept tile how many kept tiles
+of its q block come before it: the Hopper backward's key blocks add into a dQ tile in
+that order, and a block's rank is its turn.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def _uses_head(mask: MaskOp) -> bool:
     return bool(list(mask.predicate.block.args[1].uses)) or bool(mask.args)
 
 
+def map_per_head(program: AttentionProgram) -> bool:
+    """Whether the program's runtime block map has one map per query head (a custom
+    predicate reads the head or captures operands) rather than one per batch element."""
+    return any(_uses_head(m) for m in effective_masks(program.score_ops))
+
+
 def build_block_map(
     program: AttentionProgram,
     host: Any,
@@ -48,14 +58,17 @@ def build_block_map(
     remap: dict[SSAValue, SSAValue] | None = None,
     blocks: tuple[int, int] | None = None,
     transposed: bool = False,
+    ranks: bool = False,
 ) -> tuple[BlockMap, Operation]:
     """Allocate the map buffers, launch the map kernel; return them and the kernel.
-    `transposed`: per kv block, the lists of q blocks (see the module docstring)."""
+    `transposed`: per kv block, the lists of q blocks; `ranks`: the ranks of kept tiles
+    too (see the module docstring)."""
+    assert not (ranks and transposed)
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
     bm, bn = blocks or (online.plan.block_m.data, online.plan.block_n.data)
     masks = effective_masks(program.score_ops)
-    per_head = any(_uses_head(m) for m in masks)
+    per_head = map_per_head(program)
     heads = program.heads[0]
     map_heads = heads if per_head else 1
     tag = "map_t" if transposed else "map"
@@ -71,12 +84,14 @@ def build_block_map(
         full_count=host.alloc(vec, {0: slots}, f"{prefix}full_count"),
         full_index=host.alloc(mat, {0: slots, 1: n_inner}, f"{prefix}full_index"),
         per_head=per_head,
+        rank=host.alloc(mat, {0: slots, 1: n_inner}, "rank") if ranks else None,
     )
     sig = KernelSignature(remap)
     chain = ScoreChain(list(masks), sig, host.table, set())
     outs = [sig.tensor(name, value) for name, value in (
         ("partial_count", block_map.partial_count), ("partial_index", block_map.partial_index),
         ("full_count", block_map.full_count), ("full_index", block_map.full_index))]
+    rank_arg = sig.tensor("rank", block_map.rank) if block_map.rank is not None else None
     sig.scalar("B", batch)
     sq_arg, skv_arg = sig.scalar("Sq", q_len), sig.scalar("Skv", kv_len)
     name = f"{fname}_kv_block_map" if transposed else f"{fname}_block_map"
@@ -117,6 +132,11 @@ def build_block_map(
             assert arg.ptr is not None
             row_base = b.ptr_add(arg.ptr, b.mul(b.to_i64(slot), b.to_i64(arg.strides[0])))
             b.store(row_base, b.mul(count, arg.strides[1]), loop.iv, mask=flag)
+        if rank_arg is not None:
+            assert rank_arg.ptr is not None
+            row_base = b.ptr_add(rank_arg.ptr, b.mul(b.to_i64(slot), b.to_i64(rank_arg.strides[0])))
+            b.store(row_base, b.mul(loop.iv, rank_arg.strides[1]), b.add(n_partial, n_full, name="rank"),
+                    mask=b.gt(kept, 0))
         loop.yield_(b.add(n_partial, b.cast(is_partial, i32)), b.add(n_full, b.cast(is_full, i32)))
     n_partial, n_full = loop.results
     for arg, value in ((outs[0], n_partial), (outs[2], n_full)):

@@ -44,6 +44,9 @@ class BlockMap:
     full_count: SSAValue
     full_index: SSAValue
     per_head: bool
+    rank: SSAValue | None = None
+    """[slots, inner blocks] i32, with `ranks`: at each kept tile, how many kept tiles
+    come before it in its row (the Hopper backward's dQ turn of that key block)."""
 
 
 @dataclass

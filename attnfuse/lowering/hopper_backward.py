@@ -6,7 +6,14 @@ the tile-IR device functions the template calls:
 
 * `<name>_range`: the q walk of a block of 128 keys from the tile plan's band (first
   query row, number of 64-row tiles, and the rows [full_lo, full_hi) whose tiles need
-  no mask), the transpose of the forward's KV walk (`backward.q_walk`);
+  no mask), the transpose of the forward's KV walk (`backward.q_walk`); or, with a
+  runtime block map (`hopper-block-map`), the key block's row of a transposed map of
+  128 x 128 tiles (row, number of 64-row tiles, partial and full q block counts);
+* `<name>_walk`: the first row of the walk's `tile`-th q tile and whether the planned
+  masks apply to it (from the band, or from the map: full blocks, then partial ones,
+  each from the last down, two 64-row tiles per block);
+* `<name>_turn` (block maps): the key block's rank among those that add into a q tile,
+  from the ranks of a map of 128 x 128 tiles (`block_map.py`), its dQ turn;
 * `<name>_score`: ALiBi (constant slopes) on every S^T tile (keys along dim 0);
 * `<name>_mask`: the planned masks on the S^T tiles at the band's edges.
 
@@ -44,14 +51,15 @@ from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk, rotate_back
-from attnfuse.lowering.forward import LOG2E
+from attnfuse.lowering.block_map import map_per_head
+from attnfuse.lowering.forward import LOG2E, BlockMap
 from attnfuse.lowering.hopper_backward_template import TEMPLATE
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, partition, store_parts
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
-from attnfuse.lowering.signature import KernelSignature
+from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram
 
 BLOCK_N = 128
@@ -77,9 +85,10 @@ logger = logging.getLogger(__name__)
 
 
 def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, packed: bool,
-                      count_tiles: bool) -> str | None:
+                      count_tiles: bool, block_maps: bool = False) -> str | None:
     """Why the Hopper backward cannot serve this program, or None if it can.
-    `kernel_transforms`: Q or K transforms run inside the backward kernels."""
+    `kernel_transforms`: Q or K transforms run inside the backward kernels; `block_maps`:
+    walk runtime block maps (`hopper-block-map`)."""
     online = program.online
     assert isinstance(online, OnlineSoftmaxOp)
     args = program.func.args
@@ -94,8 +103,12 @@ def ineligible_reason(program: AttentionProgram, *, kernel_transforms: bool, pac
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
     if head_dim not in HEAD_DIMS or v_dim != head_dim:
         return f"head dims {head_dim}/{v_dim} (needs 64 or 128, equal for K and V)"
-    if plan.has_runtime_block_map() or plan.get_prefix() is not None:
-        return "the tile plan has a runtime block map or a prefix"
+    if plan.get_prefix() is not None:
+        return "the tile plan has a prefix"
+    if plan.has_runtime_block_map() and not block_maps:
+        return "the tile plan has a runtime block map (hopper-block-map is off)"
+    if plan.has_runtime_block_map() and map_per_head(program):
+        return "a runtime block map per head (the heads of a GQA group walk one map)"
     if online.sinks is not None:
         return "attention sinks"
     if online.dropout_seed is not None:
@@ -120,7 +133,10 @@ class HopperBackward(DeviceFunctions):
     def __init__(self, program: AttentionProgram, name: str, *, q_len: SSAValue, kv_len: SSAValue,
                  dk: SSAValue, dv: SSAValue, host_table: Callable[[list[float]], SSAValue], planned: set[MaskOp],
                  remap: dict[SSAValue, SSAValue], dq_turns: SSAValue, k_epilogue: list[RopeOp] | None = None,
-                 inv_freq: Callable[[RopeOp], SSAValue] | None = None, rope_table: RopeTables | None = None) -> None:
+                 inv_freq: Callable[[RopeOp], SSAValue] | None = None, rope_table: RopeTables | None = None,
+                 maps: tuple[BlockMap, BlockMap] | None = None) -> None:
+        """`maps` (a runtime block map): the transposed map the CTAs walk and the map
+        whose ranks order the dQ adds, both of 128 x 128 tiles."""
         self.program, self.name = program, name
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -149,6 +165,15 @@ class HopperBackward(DeviceFunctions):
         self.biases = ScoreChain([op for op in program.score_ops if isinstance(op, BiasOp)], sig, host_table, set(),
                                  alibi_vectors=False)
         self.masks = ScoreChain([op for op in program.score_ops if isinstance(op, MaskOp)], sig, host_table, planned)
+        self.walk_args: list[TensorArg] = []
+        self.rank_arg: TensorArg | None = None
+        if maps is not None:
+            walk, ranked = maps
+            assert not walk.per_head and ranked.rank is not None
+            self.walk_args = [sig.tensor(n, v) for n, v in (
+                ("t_partial_count", walk.partial_count), ("t_partial_index", walk.partial_index),
+                ("t_full_count", walk.full_count), ("t_full_index", walk.full_index))]
+            self.rank_arg = sig.tensor("rank", ranked.rank)
         self.q_len_arg = sig.scalar("Sq", q_len)
         self.kv_len_arg = sig.scalar("Skv", kv_len)
 
@@ -157,10 +182,52 @@ class HopperBackward(DeviceFunctions):
         n_start = op.args[0]
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
+        if self.walk_args:
+            # the map row of this key block, its 64-row tiles, partial and full q blocks
+            row = b.add(b.mul(op.args[1], b.cdiv(kv_len, BLOCK_N)), b.div(n_start, BLOCK_N), name="map_slot")
+            counts = []
+            for arg in (self.walk_args[0], self.walk_args[2]):
+                assert arg.ptr is not None
+                counts.append(b.load(arg.ptr, b.mul(row, arg.strides[0])))
+            tiles = b.mul(b.add(counts[0], counts[1]), BLOCK_N // BLOCK_M, name="n_tiles")
+            return self._finish(op, b, row, tiles, counts[0], counts[1])
         lo, f0, f1, hi = q_walk(b, self.plan, n_start, q_len, kv_len, BLOCK_M, BLOCK_N, split=self.plan.is_exact())
         n_tiles = b.div(b.add(b.maximum(b.sub(hi, lo), 0), BLOCK_M - 1), BLOCK_M, name="n_tiles")
         results = [x if isinstance(x, SSAValue) else b.constant(x, i32) for x in (lo, n_tiles, f0 or 0, f1 or 0)]
         return self._finish(op, b, *results)
+
+    def _walk_function(self) -> FuncOp:
+        """(first row, masked) of q tile `tile` of a walk (`_range_function`'s four
+        scalars). The CTAs visit tiles from `tiles - 1` down to 0: for a band its rows
+        descend; for a map, the full q blocks from the last, then the partial ones, each
+        block's two tiles upper first (a block's rank, `_turn_function`, holds for both)."""
+        op, b = self._function("walk", [("tile", i32), ("q_lo", i32), ("tiles", i32), ("full_lo", i32),
+                                        ("full_hi", i32)])
+        tile, q_lo, _, full_lo, full_hi = op.args[:5]
+        if not self.walk_args:
+            start = b.add(q_lo, b.mul(tile, BLOCK_M), name="t_start")
+            return self._finish(op, b, start, b.or_(b.lt(start, full_lo), b.ge(start, full_hi), name="masked"))
+        per_block = BLOCK_N // BLOCK_M  # the maps' q blocks are 128 rows
+        pair = b.div(tile, per_block, name="pair")
+        masked = b.lt(pair, full_lo, name="masked")  # q_lo is the map row, full_lo the partial count
+        indices = []
+        for arg, at in ((self.walk_args[1], pair), (self.walk_args[3], b.maximum(b.sub(pair, full_lo), 0))):
+            assert arg.ptr is not None
+            row = b.ptr_add(arg.ptr, b.mul(b.to_i64(q_lo), b.to_i64(arg.strides[0])))
+            indices.append(b.load(row, b.mul(at, arg.strides[1])))
+        block = b.where(masked, indices[0], indices[1], name="q_block")
+        start = b.add(b.mul(block, BLOCK_N), b.mul(b.rem(tile, per_block), BLOCK_M), name="t_start")
+        return self._finish(op, b, start, masked)
+
+    def _turn_function(self) -> FuncOp:
+        """The dQ turn of key block `n` on the q tile at row `t_start`: its rank among the
+        key blocks that visit the tile's 128-row q block (the map's ranks)."""
+        op, b = self._function("turn", [("t_start", i32), ("n", i32), ("batch", i32)])
+        t_start, n, batch = op.args[:3]
+        assert self.rank_arg is not None and self.rank_arg.ptr is not None and self.q_len_arg.value is not None
+        row = b.add(b.mul(batch, b.cdiv(self.q_len_arg.value, BLOCK_N)), b.div(t_start, BLOCK_N), name="map_slot")
+        base = b.ptr_add(self.rank_arg.ptr, b.mul(b.to_i64(row), b.to_i64(self.rank_arg.strides[0])))
+        return self._finish(op, b, b.load(base, b.mul(n, self.rank_arg.strides[1]), name="turn"))
 
     def _tile_function(self, suffix: str, chain: ScoreChain) -> FuncOp:
         """`chain` on an Sᵀ tile (keys along dim 0) in units of the scale: the output times
@@ -210,8 +277,13 @@ class HopperBackward(DeviceFunctions):
 
     def build(self) -> list[Operation]:
         """The device functions, then the kernel."""
-        functions = [self._range_function()]
+        functions = [self._range_function(), self._walk_function()]
+        turn = f"n - ({self._first_block()})"
+        if self.rank_arg is not None:
+            functions.append(self._turn_function())
+            turn = f"{functions[-1].sym_name.data}(t_start, n, batch, {{}})"
         args = ", ".join(n for n, _ in self._decls())
+        turn = turn.format(args)
         steps: list[str] = []
         call = "(s_t, keys, t_start + gl.arange(0, BM, layout=col_layout), batch, head, key0, {})".format(args)
         if self.biases.ops:
@@ -219,7 +291,7 @@ class HopperBackward(DeviceFunctions):
             steps.append(f"        s_t = {functions[-1].sym_name.data}{call}")
         if self.masks.ops:
             functions.append(self._tile_function("mask", self.masks))
-            steps += ["        if (t_start < full_lo) | (t_start >= full_hi):",
+            steps += ["        if masked:",
                       f"            s_t = {functions[-1].sym_name.data}{call}"]
         mask_step = "\n".join(steps)
         dk, dv = self.dk_arg.name, self.dv_arg.name
@@ -233,10 +305,11 @@ class HopperBackward(DeviceFunctions):
         text = TEMPLATE.substitute(
             k=self.name, hq=self.hq, hk=self.hk, group=self.hq // self.hk, chunk=self.chunk, stages=STAGES,
             scale=repr(self.scale),
-            c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data, mask_step=mask_step,
+            c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data,
+            walk_fn=functions[1].sym_name.data, mask_step=mask_step,
             q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dv=dv, dk_store=dk_store,
             **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)}, dv_dtype=_gl_dtype(self.dv_arg.host.type),
-            turns=self.turns_arg.name, first_block=self._first_block(),
+            turns=self.turns_arg.name, turn=turn,
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [

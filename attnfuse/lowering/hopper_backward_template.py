@@ -32,8 +32,12 @@ zeroing where every tile has an adder. The blocks adding into a tile are consecu
 the window's lower edge puts it).
 
 What is problem-specific comes from tile IR device functions: `$range_fn` (the q walk
-of a key block: first row, tile count, rows [full_lo, full_hi) that need no mask) and
-the functions of `$mask_step` (ALiBi on every S^T tile, the planned masks on the tiles
+of a key block: four scalars, for a band its first row, tile count and the rows
+[full_lo, full_hi) that need no mask, for a runtime block map its map row, tile count,
+partial and full q block counts), `$walk_fn` (the first row of the walk's `tile`-th q
+tile and whether the planned masks apply), `$turn` (block n's dQ turn on the tile at
+`t_start`: n minus the first block that visits it for a band, a rank read from the map
+otherwise) and the functions of `$mask_step` (ALiBi on every S^T tile, the planned masks on the tiles
 at the band's edges; keys along dim 0).
 """
 
@@ -131,7 +135,8 @@ def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(empty.index(st), ((it // $stages) & 1) ^ 1)
         g, tile = ${k}_step(it, tiles)
-        q_row = (batch * $hq + kv_head * $group + g) * $q_len + q_lo + tile * BM
+        t_start, masked = $walk_fn(tile, q_lo, tiles, full_lo, full_hi, $args)
+        q_row = (batch * $hq + kv_head * $group + g) * $q_len + t_start
         mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(st), q_smem.index(st))
         tma.async_copy_global_to_shared(lse_desc, [q_row], q_ready.index(st), lse_smem.index(st))
@@ -180,7 +185,7 @@ def ${k}_consumer(dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
         buf = it % 2
         g, tile = ${k}_step(it, tiles)
         head = kv_head * $group + g
-        t_start = q_lo + tile * BM
+        t_start, masked = $walk_fn(tile, q_lo, tiles, full_lo, full_hi, $args)
         q_t = q_smem.index(st)
         do_t = do_smem.index(st)
         mbarrier.wait(q_ready.index(st), ph)
@@ -238,11 +243,11 @@ def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $args, WG: gl.constexpr)
     for it in range($group * tiles):
         g, tile = ${k}_step(it, tiles)
         head = kv_head * $group + g
-        t_start = q_lo + tile * BM
+        t_start, masked = $walk_fn(tile, q_lo, tiles, full_lo, full_hi, $args)
         q_row = (batch * $hq + head) * $q_len + t_start
         mbarrier.wait(dq_full.index(WG), it & 1)
         tile_turn = $turns + batch * ${turns}_stride0 + head * ${turns}_stride1 + (t_start // BM) * ${turns}_stride2 + WG * ${turns}_stride3
-        turn = n - ($first_block)
+        turn = $turn
         ${k}_take_turn(tile_turn, turn)
         if turn == 0:  # the first adder: nothing to add to
             tma.async_copy_shared_to_global(dq_desc, [q_row, WG * DQW], my_dq)
@@ -301,13 +306,12 @@ def __kernel__():
     ], [4, 1, 1, 1], [240, 24, 24, 24])
 ''')
 """Substitutions: k (name prefix), hq, hk, group, chunk, stages, scale, c (scale * log2 e), args,
-range_fn, mask_step, q_len, kv_len, dv (pointer argument), dv_s0..3, dv_dtype (Gluon
+range_fn, walk_fn, mask_step, q_len, kv_len, dv (pointer argument), dv_s0..3, dv_dtype (Gluon
 dtype of the store), dk_store (the epilogue's lines that store dK * scale from
 `dk`, `out_keys`, `out_cols`: a `gl.store`, or a device function that first rotates
 dK back by K's RoPE), turns (the pointer argument of the
-turn counters, [B, Hq, Sq / 64, 2] int32, zeroed) and first_block (an expression of
-`t_start`: the first key block whose walk holds the tile, so block n's turn is
-n - first_block).
+turn counters, [B, Hq, Sq / 64, 2] int32, zeroed) and turn (an expression of `t_start`
+and `n`: how many key blocks add into the tile before block n).
 
 The walk (`${k}_step`) goes down the q tiles (last first) with the heads of the group
 inner: block n reaches each (tile, head) at the step block n - 1 does (head-outer

@@ -99,6 +99,10 @@ class LowerBackwardPass(ModulePass):
     serves, run on sm_90 for shape classes whose operands TMA can read (the Triton kernels
     otherwise). dQ is summed across CTAs by TMA reduce-adds in key-block order, so the
     gradients are bitwise reproducible. false keeps the Triton kernels only (the ablation)."""
+    hopper_block_map: bool = False
+    """The Gluon backward also serves runtime block maps (document ids, custom predicates
+    that do not read the head): its CTAs walk a transposed map of 128 x 128 tiles and add
+    dQ in the order of a map's ranks. Off until it has run on a GPU."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check_f32_dot(self.name, self.f32_dot)
@@ -124,7 +128,7 @@ class LowerBackwardPass(ModulePass):
                        DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                   self.dkdv_block_map),
                        self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
-                       self.f32_dot, self.hopper_backward)
+                       self.f32_dot, self.hopper_backward, self.hopper_block_map)
             builder = BackwardHost(*options)
             try:
                 backward = builder.build()

@@ -54,8 +54,9 @@ def sm90_resources(programs: list[tuple[str, str]], timeout: int) -> dict[str, d
 
 
 def backward_pipeline(strategy: str = "hybrid", hopper: bool = True, forward_hopper: bool = True) -> str:
-    """`pipeline` with lower-backward and its `hopper-backward` option."""
-    backward = f"lower-backward{{hopper-backward={str(hopper).lower()}}}"
+    """`pipeline` with lower-backward and its `hopper-backward` option (and, with it,
+    `hopper-block-map`)."""
+    backward = f"lower-backward{{hopper-backward={str(hopper).lower()}{' hopper-block-map=true' if hopper else ''}}}"
     return pipeline(strategy, forward_hopper).replace("mask-tiling,", f"mask-tiling,{backward},")
 
 
@@ -213,6 +214,14 @@ def _alibi_window() -> str:
     return b.build().text
 
 
+def _doc_alibi() -> str:
+    """Document ids (one operand for queries and keys) with ALiBi, causal, head dim 64, f16, GQA 4/2."""
+    b = Builder("doc_alibi", hq=4, hkv=2, d=64, dtype="f16")
+    doc = b.doc_ids("doc")
+    b.alibi().mask("causal").mask("document", doc)
+    return b.build().text
+
+
 def _d64_rope() -> str:
     """Head dim 64, GQA 8/2, RoPE alone, causal (dK rotated back in the epilogue at D = 64)."""
     b = Builder("d64_rope", hq=8, hkv=2, d=64, dtype="bf16")
@@ -226,6 +235,8 @@ BACKWARD_ELIGIBLE: dict[str, str] = {
     "d64_rope": _d64_rope(),
     "interleaved": _interleaved(),
     "k_positions": _k_positions(),
+    "document": (EXAMPLES / "document.attn").read_text(),
+    "doc_alibi": _doc_alibi(),
 }
 """Programs the Hopper backward schedule serves: name -> program text."""
 
@@ -234,7 +245,9 @@ BACKWARD_INELIGIBLE: dict[str, tuple[str, str, str]] = {
     "learnable_slopes": (_learnable_slopes(), backward_pipeline(), "learnable ALiBi slopes"),
     "score_mod": (_score_mod(), backward_pipeline(), "score op attn.score_mod"),
     "gpt_oss": ((EXAMPLES / "gpt_oss.attn").read_text(), backward_pipeline(), "attention sinks"),
-    "document": ((EXAMPLES / "document.attn").read_text(), backward_pipeline(), "runtime block map"),
+    "document_off": ((EXAMPLES / "document.attn").read_text(),
+                     backward_pipeline().replace(" hopper-block-map=true", ""), "hopper-block-map is off"),
+    "head_mask": (_head_mask(), backward_pipeline(), "a runtime block map per head"),
     "d96": (_d96(), backward_pipeline(), "head dims 96/96"),
     "t5_bias": ((EXAMPLES / "t5_bias.attn").read_text(), backward_pipeline(), "not all bf16 or all f16"),
     "llama3_in_kernel": ((EXAMPLES / "llama3.attn").read_text(), backward_pipeline("fused").replace(

@@ -264,14 +264,14 @@ def test_descriptor_arguments_are_2d_views() -> None:
         assert desc.block_shape == [128, 64] and desc.layout.swizzle_byte_width == 128
 
 
-class _Pointer:
+class Pointer:
     """A pointer into a flat tensor, for `_ScalarGluon.load`."""
 
     def __init__(self, tensor: torch.Tensor, offset: int = 0) -> None:
         self.tensor, self.offset = tensor, offset
 
-    def __add__(self, offset: int) -> _Pointer:
-        return _Pointer(self.tensor, self.offset + int(offset))
+    def __add__(self, offset: int) -> Pointer:
+        return Pointer(self.tensor, self.offset + int(offset))
 
 
 class _ScalarGluon:
@@ -281,7 +281,7 @@ class _ScalarGluon:
     maximum, minimum = staticmethod(max), staticmethod(min)
 
     @staticmethod
-    def load(pointer: _Pointer) -> int:
+    def load(pointer: Pointer) -> int:
         return int(pointer.tensor.flatten()[pointer.offset])
 
     @staticmethod
@@ -355,8 +355,8 @@ def test_block_map_walk_visits_the_kept_tiles(name: str) -> None:
     then full kv blocks): every item walks each tile with a kept element once, masked
     exactly where the tile is partial, and its rows' map row (per head for head_mask)."""
     module = lower(*ELIGIBLE[name])
-    walk, walk_names = _scalar_function(module, "range")
-    tile, tile_names = _scalar_function(module, "tile")
+    walk, walk_names = scalar_function(module, "range")
+    tile, tile_names = scalar_function(module, "tile")
     batch, heads, q_len, kv_len = 2, 8 if name == "head_mask" else 32, 768, 768
     doc = torch.tensor([0] * 300 + [1] * 200 + [2] * 268).repeat(batch, 1) if name == "document" else None
     if doc is not None:
@@ -379,7 +379,7 @@ def test_block_map_walk_visits_the_kept_tiles(name: str) -> None:
             "full_index": full_index}
     scalars: dict[str, Any] = {"Sq": q_len, "Skv": kv_len, "B": batch}
     for arg, tensor in maps.items():
-        scalars[arg] = _Pointer(tensor)
+        scalars[arg] = Pointer(tensor)
         scalars.update({f"{arg}_stride{i}": st for i, st in enumerate(tensor.stride())})
     for b in range(batch):
         for h in range(heads):
@@ -392,7 +392,7 @@ def test_block_map_walk_visits_the_kept_tiles(name: str) -> None:
                 assert sorted(visited) == want, (b, h, m)
 
 
-def _scalar_function(module: ModuleOp, suffix: str) -> tuple[Callable[..., Any], list[str]]:
+def scalar_function(module: ModuleOp, suffix: str) -> tuple[Callable[..., Any], list[str]]:
     """The device function `*_<suffix>` of `module`, emitted and run as Python, and its
     argument names."""
     (function,) = [f for f in ops_of(module, th.FuncOp) if f.sym_name.data.endswith(f"_{suffix}")]
@@ -410,8 +410,8 @@ def test_persistent_items_cover_every_block_once(batch: int, q_len: int, ctas: i
     (batch, head, q block) exactly once, and with a causal walk (q block m visits m + 1
     tiles) no CTA's total is more than two tiles above the mean."""
     module = lower(*ELIGIBLE["llama3"])
-    steps_fn, steps_names = _scalar_function(module, "steps")
-    work_fn, work_names = _scalar_function(module, "work")
+    steps_fn, steps_names = scalar_function(module, "steps")
+    work_fn, work_names = scalar_function(module, "work")
     hq, n_m = 32, q_len // 128
     ctas = min(ctas, batch * hq * n_m)
     scalars = {"Sq": q_len, "Skv": q_len, "B": batch}

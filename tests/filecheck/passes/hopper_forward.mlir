@@ -1,7 +1,7 @@
 // lower-to-tile{hopper-forward}: an eligible program (bf16, head dim 128, GQA, causal,
 // RoPE with K pre-rotated by rope-fusion hybrid) gets, besides the Triton forward, the
-// warp-specialized Gluon kernel: device functions in tile IR (KV walk, Q prologue,
-// score chain), a tile_hopper.kernel with TMA descriptor arguments for K, V and Out,
+// warp-specialized Gluon kernel: device functions in tile IR (KV walk and its tiles, Q
+// prologue, score chain), a tile_hopper.kernel with TMA descriptor arguments for K, V and Out,
 // and host code that picks one of the two forward launches per shape class. Under
 // rope-fusion fused the kernel reads the raw K and its producer rotates each K tile
 // (device functions @..._k and @..._k_angles).
@@ -37,12 +37,14 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK:       tile_hopper.func @llama_fwd_ws_q(%rows: tensor<64xi32>, %batch: i32, %head: i32, {{.*}}) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
 // CHECK:         %rot_a = arith.subf
 // CHECK:         %rot_b = arith.addf
+// CHECK:       tile_hopper.func @llama_fwd_ws_tile(%j: i32, %kv_lo: i32, %n_tiles: i32, %full_lo: i32, %full_hi: i32, {{.*}}) -> (i32, i1) {
+// CHECK:         %masked = arith.ori
 // CHECK:       tile_hopper.func @llama_fwd_ws_score_masks(%s: tensor<64x128xf32>, %rows: tensor<64xi32>, %cols: tensor<128xi32>, {{.*}}) -> (tensor<64x128xf32>) {
 // CHECK:         %s_masked = tile.where
 // CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score(
 // CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
 // CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
-// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_steps, @llama_fwd_ws_work]
+// CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_tile, @llama_fwd_ws_score_masks, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
 // FUSED:       %use_hopper = host.tma_ready %q, %k, %v, %out
 // FUSED:       %ws_ctas = arith.minsi
@@ -54,7 +56,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // The K ring is two allocations of 64-column tiles (the rope's halves): K's descriptor
 // loads a [128, 64] box.
 // FUSED:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 64]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>,
-// FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles, @llama_fwd_ws_steps, @llama_fwd_ws_work]
+// FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_tile, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
 // OFF-NOT:     tma_ready
 // OFF-NOT:     tile_hopper
@@ -62,7 +64,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // OFF-NOT:     tile_hopper
 
 // GLUON:       from triton.experimental import gluon
-// GLUON:       def llama_fwd_ws_score_masks(s, rows, cols, batch, head,
+// GLUON:       def llama_fwd_ws_score_masks(s, rows, cols, start, batch, head,
 // GLUON:       gl.where(
 // GLUON:       def llama_fwd_ws_qk(q, k_smem, k2_smem, st, zero_s):
 // GLUON-NEXT:      """Issue S = Q K^T of ring slot `st` (async)."""
