@@ -29,7 +29,8 @@ from attnfuse.analysis.masks import effective_masks
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp
 from attnfuse.lowering.forward import BlockMap
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
-from attnfuse.lowering.signature import KernelSignature
+from attnfuse.dialects.tile_builder import TileBuilder
+from attnfuse.lowering.signature import KernelSignature, TensorArg
 from attnfuse.program import AttentionProgram
 
 
@@ -43,6 +44,36 @@ def map_per_head(program: AttentionProgram) -> bool:
     """Whether the program's runtime block map has one map per query head (a custom
     predicate reads the head or captures operands) rather than one per batch element."""
     return any(_uses_head(m) for m in effective_masks(program.score_ops))
+
+
+def map_arguments(sig: KernelSignature, block_map: BlockMap, prefix: str = "") -> list[TensorArg]:
+    """The kernel arguments of a map: partial count / index, full count / index."""
+    return [sig.tensor(prefix + name, value) for name, value in (
+        ("partial_count", block_map.partial_count), ("partial_index", block_map.partial_index),
+        ("full_count", block_map.full_count), ("full_index", block_map.full_index))]
+
+
+def map_counts(b: TileBuilder, args: list[TensorArg], row: SSAValue) -> tuple[SSAValue, SSAValue]:
+    """(partial, full) tile counts of map row `row` (`args`: `map_arguments`)."""
+    counts = []
+    for arg in (args[0], args[2]):
+        assert arg.ptr is not None
+        counts.append(b.load(arg.ptr, b.mul(row, arg.strides[0])))
+    return counts[0], counts[1]
+
+
+def map_entry(b: TileBuilder, args: list[TensorArg], row: SSAValue, j: SSAValue, partial: SSAValue,
+              name: str) -> tuple[SSAValue, SSAValue]:
+    """(block, masked) of entry `j` of map row `row` when its `partial` partial tiles
+    come first: partial entry `j` (masked) if `j < partial`, else full entry
+    `j - partial` (both read in bounds, one selected)."""
+    masked = b.lt(j, partial, name="masked")
+    indices = []
+    for arg, at in ((args[1], j), (args[3], b.maximum(b.sub(j, partial), 0))):
+        assert arg.ptr is not None
+        base = b.ptr_add(arg.ptr, b.mul(b.to_i64(row), b.to_i64(arg.strides[0])))
+        indices.append(b.load(base, b.mul(at, arg.strides[1])))
+    return b.where(masked, indices[0], indices[1], name=name), masked
 
 
 def build_block_map(
@@ -88,9 +119,7 @@ def build_block_map(
     )
     sig = KernelSignature(remap)
     chain = ScoreChain(list(masks), sig, host.table, set())
-    outs = [sig.tensor(name, value) for name, value in (
-        ("partial_count", block_map.partial_count), ("partial_index", block_map.partial_index),
-        ("full_count", block_map.full_count), ("full_index", block_map.full_index))]
+    outs = map_arguments(sig, block_map)
     rank_arg = sig.tensor("rank", block_map.rank) if block_map.rank is not None else None
     sig.scalar("B", batch)
     sq_arg, skv_arg = sig.scalar("Sq", q_len), sig.scalar("Skv", kv_len)

@@ -51,7 +51,7 @@ from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.lowering.backward import q_walk, rotate_back
-from attnfuse.lowering.block_map import map_per_head
+from attnfuse.lowering.block_map import map_arguments, map_counts, map_entry, map_per_head
 from attnfuse.lowering.forward import LOG2E, BlockMap
 from attnfuse.lowering.hopper_backward_template import TEMPLATE
 from attnfuse.lowering.hopper_functions import DeviceFunctions
@@ -170,9 +170,7 @@ class HopperBackward(DeviceFunctions):
         if maps is not None:
             walk, ranked = maps
             assert not walk.per_head and ranked.rank is not None
-            self.walk_args = [sig.tensor(n, v) for n, v in (
-                ("t_partial_count", walk.partial_count), ("t_partial_index", walk.partial_index),
-                ("t_full_count", walk.full_count), ("t_full_index", walk.full_index))]
+            self.walk_args = map_arguments(sig, walk, "t_")
             self.rank_arg = sig.tensor("rank", ranked.rank)
         self.q_len_arg = sig.scalar("Sq", q_len)
         self.kv_len_arg = sig.scalar("Skv", kv_len)
@@ -185,12 +183,9 @@ class HopperBackward(DeviceFunctions):
         if self.walk_args:
             # the map row of this key block, its 64-row tiles, partial and full q blocks
             row = b.add(b.mul(op.args[1], b.cdiv(kv_len, BLOCK_N)), b.div(n_start, BLOCK_N), name="map_slot")
-            counts = []
-            for arg in (self.walk_args[0], self.walk_args[2]):
-                assert arg.ptr is not None
-                counts.append(b.load(arg.ptr, b.mul(row, arg.strides[0])))
-            tiles = b.mul(b.add(counts[0], counts[1]), BLOCK_N // BLOCK_M, name="n_tiles")
-            return self._finish(op, b, row, tiles, counts[0], counts[1])
+            partial, full = map_counts(b, self.walk_args, row)
+            tiles = b.mul(b.add(partial, full), BLOCK_N // BLOCK_M, name="n_tiles")
+            return self._finish(op, b, row, tiles, partial, full)
         lo, f0, f1, hi = q_walk(b, self.plan, n_start, q_len, kv_len, BLOCK_M, BLOCK_N, split=self.plan.is_exact())
         n_tiles = b.div(b.add(b.maximum(b.sub(hi, lo), 0), BLOCK_M - 1), BLOCK_M, name="n_tiles")
         results = [x if isinstance(x, SSAValue) else b.constant(x, i32) for x in (lo, n_tiles, f0 or 0, f1 or 0)]
@@ -209,13 +204,8 @@ class HopperBackward(DeviceFunctions):
             return self._finish(op, b, start, b.or_(b.lt(start, full_lo), b.ge(start, full_hi), name="masked"))
         per_block = BLOCK_N // BLOCK_M  # the maps' q blocks are 128 rows
         pair = b.div(tile, per_block, name="pair")
-        masked = b.lt(pair, full_lo, name="masked")  # q_lo is the map row, full_lo the partial count
-        indices = []
-        for arg, at in ((self.walk_args[1], pair), (self.walk_args[3], b.maximum(b.sub(pair, full_lo), 0))):
-            assert arg.ptr is not None
-            row = b.ptr_add(arg.ptr, b.mul(b.to_i64(q_lo), b.to_i64(arg.strides[0])))
-            indices.append(b.load(row, b.mul(at, arg.strides[1])))
-        block = b.where(masked, indices[0], indices[1], name="q_block")
+        # q_lo is the map row, full_lo the partial count
+        block, masked = map_entry(b, self.walk_args, q_lo, pair, full_lo, "q_block")
         start = b.add(b.mul(block, BLOCK_N), b.mul(b.rem(tile, per_block), BLOCK_M), name="t_start")
         return self._finish(op, b, start, masked)
 

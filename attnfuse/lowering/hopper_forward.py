@@ -30,13 +30,14 @@ from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp, Scor
 from attnfuse.dialects.tile_builder import TileBuilder, Value
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
 from attnfuse.analysis.rope import RopeParams, yarn_attention_factor
+from attnfuse.lowering.block_map import map_arguments, map_counts, map_entry
 from attnfuse.lowering.forward import LOG2E, ForwardSpec
 from attnfuse.lowering.hopper_template import PRODUCER, TEMPLATE, TRANSFORMING_PRODUCER
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.hopper_functions import DeviceFunctions
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
-from attnfuse.lowering.signature import KernelSignature, TensorArg
+from attnfuse.lowering.signature import KernelSignature
 
 BLOCK_M = 128
 """Query rows per CTA (two consumer warpgroups of 64)."""
@@ -159,12 +160,7 @@ class HopperForward(DeviceFunctions):
         # on the raw scores and leaves a constant factor on its output.
         self.fold = scale > 0 and (spec.fold_scale or all(isinstance(op, MaskOp) for op in program.score_ops))
         self.qk_scale = (self.chain.scaled_factor(scale) if self.fold else 1.0) * LOG2E
-        self.map_args: list[TensorArg] = []
-        if spec.block_map is not None:
-            bm = spec.block_map
-            self.map_args = [sig.tensor(n, v) for n, v in (
-                ("partial_count", bm.partial_count), ("partial_index", bm.partial_index),
-                ("full_count", bm.full_count), ("full_index", bm.full_index))]
+        self.map_args = map_arguments(sig, spec.block_map) if spec.block_map is not None else []
         self.q_len_arg = sig.scalar("Sq", spec.q_len)
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
         self.batch_arg = sig.scalar("B", spec.batch)
@@ -224,12 +220,8 @@ class HopperForward(DeviceFunctions):
             q_blocks = b.cdiv(self.q_len_arg.value, BLOCK_M, name="q_blocks")
             row = b.add(b.mul(b.add(b.mul(op.args[1], map_heads), map_head), q_blocks), b.div(q_start, BLOCK_M),
                         name="map_slot")
-            counts = []
-            for arg in (self.map_args[0], self.map_args[2]):
-                assert arg.ptr is not None
-                counts.append(b.load(arg.ptr, b.mul(row, arg.strides[0])))
-            return self._finish(op, b, row, b.add(counts[0], counts[1], name="n_tiles"), counts[0],
-                                b.constant(0, i32))
+            partial, full = map_counts(b, self.map_args, row)
+            return self._finish(op, b, row, b.add(partial, full, name="n_tiles"), partial, b.constant(0, i32))
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
         plan, bn = self.online.plan, BLOCK_N
@@ -270,13 +262,7 @@ class HopperForward(DeviceFunctions):
             start = b.add(kv_lo, b.mul(b.sub(b.sub(n_tiles, 1), j), BLOCK_N), name="start")
             return self._finish(op, b, start, b.or_(b.lt(start, full_lo), b.ge(start, full_hi), name="masked"))
         # kv_lo is the map row, full_lo the count of its partial tiles
-        masked = b.lt(j, full_lo, name="masked")
-        indices = []
-        for arg, at in ((self.map_args[1], j), (self.map_args[3], b.maximum(b.sub(j, full_lo), 0))):
-            assert arg.ptr is not None
-            row = b.ptr_add(arg.ptr, b.mul(b.to_i64(kv_lo), b.to_i64(arg.strides[0])))
-            indices.append(b.load(row, b.mul(at, arg.strides[1])))
-        block = b.where(masked, indices[0], indices[1], name="kv_block")
+        block, masked = map_entry(b, self.map_args, kv_lo, j, full_lo, "kv_block")
         return self._finish(op, b, b.mul(block, BLOCK_N, name="start"), masked)
 
     def _q_function(self) -> FuncOp:
