@@ -7,7 +7,9 @@ the default pipeline and with the ablation variants of `VARIANTS` (pass options 
 off, or other tile configs), forward and forward + backward (gradients of q, k, v), at
 B = 2, S = 8192 as `run_all.py --sections examples`. Writes DIR/examples_ablation.json
 (one row per example x variant: ms, speed-up over flex = flex ms / AttnFuse ms, max
-|out - flex|) and prints a table. Needs CUDA.
+|out - flex| and, for flex and each variant, max |out - float64 reference| over batch row 0:
+the forward calls run without gradients, as eager inference does) and prints a table.
+Needs CUDA.
 """
 
 from __future__ import annotations
@@ -103,10 +105,17 @@ def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list
     g = torch.randn_like(qkv[0])
     base = {"example": name, "batch": batch, "seq": seq, "dtype": str(qkv[0].dtype)}
     flex = flex_baseline(program, args)
+    first = [a[:1] if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == batch else a for a in args]
+    want = reference.run(text, *first)
+    want = want[0] if isinstance(want, tuple) else want
+
+    def f64_error(out: torch.Tensor) -> float:
+        return float((out[:1].double() - want).abs().max())
+
     with torch.no_grad():
         flex_out = flex(*qkv).float()
     flex_times = time_pair(flex, qkv, g)
-    rows.append({**base, "variant": "flex", **flex_times})
+    rows.append({**base, "variant": "flex", "max_err_vs_f64": f64_error(flex_out), **flex_times})
     for variant in variants:
         pipeline = VARIANTS[name][variant]
         row: dict[str, Any] = {**base, "variant": variant, "pipeline": pipeline}
@@ -117,7 +126,9 @@ def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list
                 return fn(*[t[index.index(i)] if i in index else a for i, a in enumerate(args)])
 
             with torch.no_grad():
-                row["max_diff_vs_flex"] = float((run(*qkv).float() - flex_out).abs().max())
+                out = run(*qkv).float()
+            row["max_diff_vs_flex"] = float((out - flex_out).abs().max())
+            row["max_err_vs_f64"] = f64_error(out)
             row.update(time_pair(run, qkv, g))
             for key in ("fwd_ms", "fwd_bwd_ms"):
                 row[f"{key[:-3]}_speedup_vs_flex"] = flex_times[key] / row[key]
@@ -125,6 +136,7 @@ def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         rows.append(row)
         print(json.dumps(row), flush=True)
+    del want
     torch.cuda.empty_cache()
 
 
@@ -147,11 +159,12 @@ def main() -> None:
         (out / "examples_ablation.json").write_text(json.dumps(
             {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": time.time() - start,
              "rows": rows}, indent=1))
-    print(f"\n{'example':10} {'variant':20} {'fwd ms':>9} {'x flex':>7} {'fwd+bwd ms':>11} {'x flex':>7}")
+    print(f"\n{'example':10} {'variant':20} {'fwd ms':>9} {'x flex':>7} {'fwd+bwd ms':>11} {'x flex':>7} {'err f64':>9}")
     for r in rows:
         print(f"{r['example']:10} {r['variant']:20} {r.get('fwd_ms', float('nan')):9.3f} "
               f"{r.get('fwd_speedup_vs_flex', float('nan')):7.2f} {r.get('fwd_bwd_ms', float('nan')):11.3f} "
-              f"{r.get('fwd_bwd_speedup_vs_flex', float('nan')):7.2f}  {r.get('error', '')}")
+              f"{r.get('fwd_bwd_speedup_vs_flex', float('nan')):7.2f} {r.get('max_err_vs_f64', float('nan')):9.2e}  "
+              f"{r.get('error', '')}")
 
 
 if __name__ == "__main__":
