@@ -80,7 +80,9 @@ def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: boo
     want: list[list[torch.Tensor]] = [[], [], []]
     for b in range(batch):  # the float64 reference per batch element bounds its memory
         refs = [a[b:b + 1].double().requires_grad_() for a in args[:3]]
-        reference.run(text, *refs, *args[3:]).backward(d_out[b:b + 1].double())
+        rest = [a[b:b + 1] if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == batch else a
+                for a in args[3:]]  # per-row operands (positions, document ids) follow the row
+        reference.run(text, *refs, *rest).backward(d_out[b:b + 1].double())
         for i, r in enumerate(refs):
             assert r.grad is not None
             want[i].append(r.grad.cpu())
