@@ -101,7 +101,8 @@ def _print(op: Any) -> str:
 class AttentionFunction:
     """A compiled attention program; call it like the function it declares."""
 
-    def __init__(self, text: str, filename: str, pipeline: str, target: str | None, entry: str | None) -> None:
+    def __init__(self, text: str, filename: str, pipeline: str, target: str | None, entry: str | None,
+                 f32_dot: str = "") -> None:
         ctx = make_context()
         module, locations = parse_module_with_locations(ctx, text, filename)
         functions = find_functions(module)
@@ -126,9 +127,9 @@ class AttentionFunction:
         self.returns_lse = len(function.function_type.outputs.data) == 2
         self.attn_ir = str(module)
         self.pipeline = pipeline
-        manager = PassManager(pipeline, target=target)
+        manager = PassManager(pipeline, target=target, f32_dot=f32_dot)
         prints = [pass_fingerprint(type(p)) for p in manager.passes]
-        key = hashlib.sha256("\n".join([text, pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
+        key = hashlib.sha256("\n".join([text, manager.pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
         cached = cache.load(key) if None not in prints else None
         logger.debug("@%s: disk cache %s (key %s)", self.name, "hit" if cached else "miss", key[:16])
         if cached is None:
@@ -293,11 +294,14 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     target: str | None = None,
     entry: str | None = None,
     params: Mapping[str, object] | None = None,
+    f32_dot: str = "",
 ) -> AttentionFunction:
     """Compile an attn program (text, a path to a .attn file, a module, or a program from
     `attnfuse.attention(...)`); ``target`` names the GPU the cost model plans for
     (``attnfuse.cost.known_targets()``); ``params`` binds the text's ``${name}``
-    placeholders (`attnfuse.params`)."""
+    placeholders (`attnfuse.params`); ``f32_dot`` sets the precision of an f32 program's
+    dots in every pass that has the option unset (``ieee``, ``tf32x3``: the default, or
+    ``tf32``; see `attnfuse.analysis.tile_plan.DEFAULT_F32_DOT`)."""
     text, filename = _read_program(program)
     text = substitute(text, params, filename)
-    return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, target, entry)
+    return AttentionFunction(text, filename, pipeline or DEFAULT_PIPELINE, target, entry, f32_dot)

@@ -199,6 +199,14 @@ class AttnfuseOptMain(xDSLOptMain):
             "static S, else 4096); fills the unset 'seq-len' option of passes",
         )
         arg_parser.add_argument(
+            "--f32-dot",
+            default="",
+            choices=("ieee", "tf32x3", "tf32"),
+            help="precision of the dots of f32 programs (default tf32x3: three TF32 "
+            "tensor-core products, about fp32 accuracy; ieee: FMA units); fills the "
+            "unset 'f32-dot' option of passes",
+        )
+        arg_parser.add_argument(
             "--batch",
             type=int,
             default=0,
@@ -251,6 +259,7 @@ class AttnfuseOptMain(xDSLOptMain):
                 print_ir_after=self._dump_ir if dump else None,
                 target=self.args.device,
                 seq_len=self.args.seq_len,
+                f32_dot=self.args.f32_dot,
                 available=self.available_passes,
             )
         except (PipelineError, PassUnavailableError) as e:

@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.arg_spec import ArgSpec, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
+from attnfuse.analysis.tile_plan import resolve_f32_dot
 from attnfuse.cost.target import UnknownTargetError, get_target
 from attnfuse.diagnostics import (
     LocatedError,
@@ -342,9 +343,10 @@ PrintIRCallback = Callable[[ModulePass, ModuleOp], None]
 
 
 def _with_options(p: ModulePass, **values: object) -> ModulePass:
-    """Fill the options of ``p`` named in ``values`` that the pipeline left at None / 0."""
+    """Fill the options of ``p`` named in ``values`` that the pipeline left unset
+    (None, 0 or the empty string)."""
     names = {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else set()
-    unset = {k: v for k, v in values.items() if k in names and getattr(p, k, None) in (None, 0)}
+    unset = {k: v for k, v in values.items() if k in names and getattr(p, k, None) in (None, 0, "")}
     return dataclasses.replace(p, **unset) if unset else p  # type: ignore[type-var]
 
 
@@ -359,7 +361,9 @@ class PassManager:
     ``timing`` and calling ``print_ir_after(pass, module)`` after each pass.
     ``target`` (a name in :func:`attnfuse.cost.known_targets`, checked here) and
     ``seq_len`` fill the ``target`` / ``seq_len`` options of passes that have them
-    (``rope-fusion``) where the pipeline leaves them unset.
+    (``rope-fusion``) where the pipeline leaves them unset, and ``f32_dot`` the
+    ``f32-dot`` option (``mask-tiling``, ``lower-backward``, ``lower-to-tile``: the
+    precision of f32 dots, whose default tiles follow it).
     """
 
     def __init__(
@@ -371,6 +375,7 @@ class PassManager:
         print_ir_after: PrintIRCallback | None = None,
         target: str | None = None,
         seq_len: int = 0,
+        f32_dot: str = "",
         available: Mapping[str, PassFactory] | None = None,
     ) -> None:
         self.available = available_passes() if available is None else dict(available)
@@ -385,8 +390,13 @@ class PassManager:
             except UnknownTargetError as e:
                 raise PipelineError(str(e)) from None
             target = target if target.endswith(".json") else found.name  # a profile stays a path
-        values = {"target": target, "seq_len": seq_len}
-        if target is not None or seq_len:
+        if f32_dot:
+            try:
+                resolve_f32_dot("f32_dot", f32_dot)
+            except ValueError as e:
+                raise PipelineError(str(e)) from None
+        values = {"target": target, "seq_len": seq_len, "f32_dot": f32_dot}
+        if target is not None or seq_len or f32_dot:
             self.passes = tuple(_with_options(p, **values) for p in self.passes)
         self.verify_each = verify_each
         self.print_ir_after = print_ir_after

@@ -8,7 +8,8 @@ off, or other tile configs), forward and forward + backward (gradients of q, k, 
 B = 2, S = 8192 as `run_all.py --sections examples`. Writes DIR/examples_ablation.json
 (one row per example x variant: ms, speed-up over flex = flex ms / AttnFuse ms, max
 |out - flex| and, for flex and each variant, max |out - float64 reference| over batch row 0:
-the forward calls run without gradients, as eager inference does) and prints a table.
+the forward calls run without gradients, as eager inference does; the backward kernels
+that ran) and prints a table.
 Needs CUDA.
 """
 
@@ -39,24 +40,23 @@ def pipe(tiles: str = "", backward: str = "", lower: str = "") -> str:
             f"{opt('mask-tiling', tiles)},{opt('lower-backward', backward)},{opt('lower-to-tile', lower)}")
 
 
-def f32_forward(bm: int, bn: int, warps: int) -> str:
-    return pipe(f"block-m={bm} block-n={bn}", "", f"num-warps={warps}")
+IEEE = "f32-dot=ieee"
+
+
+def ieee_forward(bm: int, bn: int, warps: int) -> str:
+    """FMA dots with a forward tile config (the backward at its FMA default)."""
+    return pipe(f"block-m={bm} block-n={bn} {IEEE}", IEEE, f"num-warps={warps} {IEEE}")
 
 
 NO_FOLD = "fold-scale=false alibi-vectors=false"
 VARIANTS: dict[str, dict[str, str]] = {
     "t5_bias": {
-        "default": pipe(),  # f32: forward 64x32 x 8 warps, backward 32x32 x 4
-        "main_tiles": pipe("block-m=128 block-n=64", "block-m=64 block-n=64", "num-warps=8"),
-        "fwd_32x32x4": f32_forward(32, 32, 4),
-        "fwd_128x16x8": f32_forward(128, 16, 8),
-        "fwd_64x16x4": f32_forward(64, 16, 4),
-        "fwd_128x32x4": f32_forward(128, 32, 4),  # flex's sm_90 f32 D=64 config
-        "fwd_64x64x8": f32_forward(64, 64, 8),
-        "bwd_16x16": pipe("", "block-m=16 block-n=16"),
-        # tensor cores, about fp32 accuracy (not what flex does by default: see docs/passes.md)
-        "tf32x3": pipe("block-m=128 block-n=64", "block-m=64 block-n=64 f32-dot=tf32x3", "f32-dot=tf32x3"),
-        "tf32x3_bwd32": pipe("block-m=128 block-n=64", "f32-dot=tf32x3", "f32-dot=tf32x3"),
+        "default": pipe(),  # f32 with tf32x3 dots: forward 128 x 64 x 8 warps, backward 32 x 32 x 4
+        "ieee": pipe(IEEE, IEEE, IEEE),  # FMA dots: forward 64 x 32 x 8 warps, backward 32 x 32 x 4
+        "ieee_fwd_32x32x4": ieee_forward(32, 32, 4),
+        "ieee_fwd_128x32x4": ieee_forward(128, 32, 4),  # flex's sm_90 f32 D=64 config
+        "tf32": pipe("f32-dot=tf32", "f32-dot=tf32", "f32-dot=tf32"),  # one TF32 product: less accurate
+        "bwd_64x64": pipe("", "block-m=64 block-n=64"),
     },
     "document": {
         "default": pipe(),
@@ -95,6 +95,15 @@ def time_pair(run: Callable[..., torch.Tensor], qkv: list[torch.Tensor], g: torc
     return {"fwd_ms": fwd, "fwd_bwd_ms": bench(step)}
 
 
+def backward_kernels(fn: Any) -> list[str]:
+    """The kernels of the backward launch plans `fn` has built (which path ran: the Gluon
+    `_bwd_ws` kernel or the Triton dQ and dK/dV kernels)."""
+    runner = fn._runner
+    hosts = [h for h in (runner.backward, runner.backward_saved) if h is not None]
+    return sorted({step.meta.name for h in hosts for plan in h._plans.values() for step in plan.steps
+                   if hasattr(step, "meta")})
+
+
 def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list[dict[str, Any]]) -> None:
     text = examples.path(name).read_text()
     function = find_functions(reference.parse_program(text))[0]
@@ -130,13 +139,13 @@ def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list
             row["max_diff_vs_flex"] = float((out - flex_out).abs().max())
             row["max_err_vs_f64"] = f64_error(out)
             row.update(time_pair(run, qkv, g))
+            row["bwd_kernels"] = backward_kernels(fn)
             for key in ("fwd_ms", "fwd_bwd_ms"):
                 row[f"{key[:-3]}_speedup_vs_flex"] = flex_times[key] / row[key]
         except Exception as exc:  # reported, never hidden
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    del want
     torch.cuda.empty_cache()
 
 

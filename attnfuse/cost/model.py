@@ -19,8 +19,8 @@ plus :data:`LAUNCH_S`. An element rotated in the kernel costs :func:`rotation_se
 times a fitted exposure, the part that nothing overlaps. The two constants belong to
 the forward kernel that runs (:class:`KernelConstants`): :data:`TRITON`, fitted to the
 Triton kernel on the H200 sweep of run 14, and :data:`HOPPER`, fitted to sm_90's
-warp-specialized Gluon schedule (run 20), whose producer warpgroup rotates K beside
-the consumers' matmuls (:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption
+warp-specialized Gluon schedule (run 26's sweep), whose producer warpgroup rotates K
+beside the consumers' matmuls (:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption
 (on those sweeps, whose batch x sequence is fixed, it cannot be told apart from the
 pre-kernel bandwidth).
 The cos/sin table is built once per shape class, so it is reported, not charged per call.
@@ -70,9 +70,10 @@ class KernelConstants:
 
 TRITON = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545)
 """Fitted to the Triton forward kernel (run 14, H200, 14 cases)."""
-HOPPER = KernelConstants(rotation_exposure=0.807, prekernel_efficiency=0.793)
-"""Fitted to the sm_90 warp-specialized Gluon forward (run 20, H200, 4 cases, forward
-only): less than one, so part of the producer's K rotation hides behind the matmuls."""
+HOPPER = KernelConstants(rotation_exposure=1.579, prekernel_efficiency=0.816)
+"""Fitted to the sm_90 warp-specialized Gluon kernels (run 26's sweep, H200: 156 cases of
+six families, S = 256 .. 65536, forward and forward + backward; run 20's four forward
+points gave 0.807 / 0.793)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""

@@ -197,8 +197,8 @@ class DqKernel(ForwardKernel, _Recompute):
 
     def build(self) -> KernelOp:
         fwd = self.spec
-        b = self.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch)
-        b.f32_dot = fwd.f32_dot
+        b = self.sig.start(self.name, num_warps=fwd.num_warps, num_stages=fwd.num_stages, launch=fwd.launch,
+                           f32_dot=fwd.f32_dot)
         self.b = b
         bm = self.block_m
         pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()
@@ -325,8 +325,8 @@ class DkvKernel(_Recompute):
     def build(self) -> KernelOp:
         fwd, base = self.spec, self.base
         warps = self.options.num_warps or fwd.num_warps
-        b = base.sig.start(self.name, num_warps=warps, num_stages=fwd.num_stages, launch=fwd.launch)
-        b.f32_dot = fwd.f32_dot
+        b = base.sig.start(self.name, num_warps=warps, num_stages=fwd.num_stages, launch=fwd.launch,
+                           f32_dot=fwd.f32_dot)
         self.b = base.b = b
         bm, bn = base.block_m, base.block_n
         q_len, kv_len = base.q_len_arg.value, base.kv_len_arg.value

@@ -168,8 +168,8 @@ class ForwardKernel:
 
     def build(self) -> KernelOp:
         spec = self.spec
-        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
-        b.f32_dot = spec.f32_dot
+        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch,
+                           f32_dot=spec.f32_dot)
         self.b = b
         bm = self.block_m
         pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok = self._program_coords()

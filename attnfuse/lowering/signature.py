@@ -97,8 +97,11 @@ class KernelSignature:
         return [a.host for a in self.args]
 
     def start(
-        self, kernel_name: str, *, num_warps: int, num_stages: int, launch: dict[str, Attribute]
+        self, kernel_name: str, *, num_warps: int, num_stages: int, launch: dict[str, Attribute],
+        f32_dot: str = "ieee",
     ) -> TileBuilder:
+        """A builder of the kernel with this signature's arguments; its f32 dots take the
+        precision `f32_dot`."""
         decls: list[tuple[str, Attribute]] = []
         for arg in self.args:
             if isinstance(arg, TensorArg):
@@ -114,6 +117,7 @@ class KernelSignature:
             num_stages=num_stages,
             launch=DictionaryAttr(launch),
         )
+        b.f32_dot = f32_dot
         values = iter(b.args)
         for arg in self.args:
             if isinstance(arg, TensorArg):

@@ -59,7 +59,8 @@ def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
     elem = 4 if q_type.element_type == f32 else 2
     d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
-    fixed = elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
+    q_copies = 2 if q_type.element_type == f32 and spec.f32_dot != "ieee" else 1  # as `pipeline_stages`
+    fixed = q_copies * elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
     for stages in (3, 2):
         if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_BUDGET // 2:
             return stages
@@ -87,7 +88,8 @@ class SplitKernel(ForwardKernel):
 
     def build(self) -> KernelOp:
         spec = self.spec
-        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch)
+        b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch,
+                           f32_dot=spec.f32_dot)
         self.b = b
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None

@@ -35,12 +35,11 @@ from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
-from attnfuse.analysis.tile_plan import backward_block_sizes
+from attnfuse.analysis.tile_plan import backward_block_sizes, resolve_f32_dot
 from attnfuse.lowering.backward import DkvOptions
 from attnfuse.lowering.backward_host import BackwardHost
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.tile_fit import check_tile_rows
-from attnfuse.passes.lower_to_tile import check_f32_dot
 from attnfuse.program import ProgramError, analyze, find_functions
 
 
@@ -84,8 +83,9 @@ class LowerBackwardPass(ModulePass):
     multiply-add (as `lower-to-tile`); false is the ablation."""
     alibi_vectors: bool = True
     """ALiBi distances from per-key and per-query vectors (as `lower-to-tile`)."""
-    f32_dot: str = "ieee"
-    """Precision of the dots of f32 programs (as `lower-to-tile`)."""
+    f32_dot: str = ""
+    """Precision of the dots of f32 programs (as `lower-to-tile`; empty:
+    `DEFAULT_F32_DOT`, tf32x3)."""
     rotate_in_epilogue: bool = True
     """Sides whose pre-kernel transforms are all RoPE over the whole head dim get dQ / dK
     rotated back in the main kernels' epilogue, written once in the input dtype, instead
@@ -102,10 +102,11 @@ class LowerBackwardPass(ModulePass):
     hopper_block_map: bool = False
     """The Gluon backward also serves runtime block maps (document ids, custom predicates
     that do not read the head): its CTAs walk a transposed map of 128 x 128 tiles and add
-    dQ in the order of a map's ranks. Off until it has run on a GPU."""
+    dQ in the order of a map's ranks. Its GPU test passes (run 26); off until a
+    benchmark shows it faster than the Triton kernels' walk."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        check_f32_dot(self.name, self.f32_dot)
+        f32_dot = resolve_f32_dot(self.name, self.f32_dot)
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -128,7 +129,7 @@ class LowerBackwardPass(ModulePass):
                        DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                   self.dkdv_block_map),
                        self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
-                       self.f32_dot, self.hopper_backward, self.hopper_block_map)
+                       f32_dot, self.hopper_backward, self.hopper_block_map)
             builder = BackwardHost(*options)
             try:
                 backward = builder.build()

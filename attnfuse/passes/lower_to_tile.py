@@ -52,10 +52,15 @@ from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
 from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.rope import rope_inverse_frequencies
-from attnfuse.analysis.tile_plan import default_num_warps, forward_stores_q, in_kernel_transforms, prekernel_transforms
+from attnfuse.analysis.tile_plan import (
+    default_num_warps,
+    forward_stores_q,
+    in_kernel_transforms,
+    prekernel_transforms,
+    resolve_f32_dot,
+)
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp, KeepsResultsOp
-from attnfuse.dialects.tile import DotOp
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
@@ -70,29 +75,27 @@ from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
 
-def pipeline_stages(program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False) -> int:
+def pipeline_stages(
+    program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False, f32_dot: str = "ieee"
+) -> int:
     """The deepest KV pipeline (<= 3 stages) whose tiles fit the shared-memory budget:
     the Q tile plus one K and one V tile per stage, in the input element size, plus two
     K-sized buffers when K is transformed in the kernel (the loaded and the transformed
-    tile). This is what Triton 3.6 allocates for the forward kernel (checked for every
-    head dim and dtype by tests/lowering/test_shared_memory.py)."""
+    tile); f32 dots on the tensor cores (`f32_dot` not `ieee`) keep the Q tile twice.
+    This is what Triton 3.6 allocates for the forward kernel (checked for every head dim
+    and dtype by tests/lowering/test_shared_memory.py)."""
     q_type, v_type = program.scores.q.type, program.v_type
     assert isinstance(q_type, TensorType)
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
     head_pad, v_pad = padded(head_dim), padded(v_dim)
     elem = 4 if q_type.element_type == f32 else 2
     block_m, block_n = online.plan.block_m.data, online.plan.block_n.data
-    fixed = elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
+    q_copies = 2 if q_type.element_type == f32 and f32_dot != "ieee" else 1
+    fixed = q_copies * elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
     for stages in (3, 2):
         if fixed + elem * stages * block_n * (head_pad + v_pad) <= SHARED_MEMORY_BUDGET:
             return stages
     return 1
-
-
-def check_f32_dot(pass_name: str, value: str) -> None:
-    """Reject an `f32-dot` option that `tile.dot` does not know."""
-    if value not in DotOp.PRECISIONS:
-        raise ValueError(f"{pass_name}: f32-dot must be one of {', '.join(DotOp.PRECISIONS)}, got {value!r}")
 
 
 OUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
@@ -123,10 +126,13 @@ class LowerToTilePass(ModulePass):
     alibi_vectors: bool = True
     """ALiBi's `slope * (kv - q)` as the difference of a per-key and a per-query vector
     (one subtraction per score); false converts `kv - q` per score (the ablation)."""
-    f32_dot: str = "ieee"
-    """Precision of the dots of f32 programs: `ieee` (FMA units, what flex_attention
-    does with PyTorch's default matmul precision), `tf32x3` (tensor cores, three TF32
-    products: about fp32 accuracy) or `tf32`."""
+    f32_dot: str = ""
+    """Precision of the dots of f32 programs: `tf32x3` (tensor cores, three TF32
+    products: about fp32 accuracy; the default, `DEFAULT_F32_DOT`), `ieee` (FMA units,
+    what flex_attention does with PyTorch's default matmul precision) or `tf32`. Set it
+    on `mask-tiling` and `lower-backward` too (or through `PassManager(f32_dot=...)`,
+    `attnfuse.compile(f32_dot=...)`, `attnfuse-opt --f32-dot`): their default tiles
+    follow it."""
     hopper_forward: bool = True
     """Also build the warp-specialized Gluon forward (`lowering/hopper_forward.py`) for
     programs it serves; calls on compute capability 9.x devices whose shape class it
@@ -142,7 +148,7 @@ class LowerToTilePass(ModulePass):
     reshape into the output projection without a copy)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        check_f32_dot(self.name, self.f32_dot)
+        resolve_f32_dot(self.name, self.f32_dot)  # an unknown precision fails before any lowering
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -228,6 +234,7 @@ class LowerToTilePass(ModulePass):
         out_shape = online.output.type.get_shape()
         lse_type = TensorType(f32, out_shape[:3])
         lse = host.alloc(lse_type, {0: batch, 2: q_len}, "lse")
+        f32_dot = resolve_f32_dot(self.name, self.f32_dot)
         planned = set(effective_masks(program.score_ops)) if (
             online.plan.is_exact() or online.plan.has_runtime_block_map()
         ) else set()
@@ -253,12 +260,12 @@ class LowerToTilePass(ModulePass):
             kv_len=kv_len, q_transforms=in_kernel_transforms(program.q.transforms),
             k_transforms=in_kernel_transforms(program.k.transforms), planned_masks=planned,
             inv_freq=inv_freq, host_table=host.table, block_map=block_map, tile_counter=counter,
-            num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data),
+            num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data, f32_dot),
             num_stages=self.num_stages or pipeline_stages(
-                program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms))),
+                program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms)), f32_dot=f32_dot),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
-            alibi_vectors=self.alibi_vectors, f32_dot=self.f32_dot, paged=paged, q_saved=q_saved,
+            alibi_vectors=self.alibi_vectors, f32_dot=f32_dot, paged=paged, q_saved=q_saved,
         )
         hopper = lower_hopper_forward(spec, host, fname, one, persistent=self.hopper_persistent) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")

@@ -30,7 +30,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis.tile_plan import tile_plan
+from attnfuse.analysis.tile_plan import resolve_f32_dot, tile_plan
 from attnfuse.program import ProgramError, analyze, find_functions
 
 
@@ -46,8 +46,12 @@ class MaskTilingPass(ModulePass):
     in the kernel, else 128)."""
     block_n: int = 0
     """Keys per KV block; 0 picks `default_block_sizes` (128 or 64)."""
+    f32_dot: str = ""
+    """Precision of the dots of f32 programs, which the default f32 tiles follow (as
+    `lower-to-tile`; empty: `DEFAULT_F32_DOT`, tf32x3)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        f32_dot = resolve_f32_dot(self.name, self.f32_dot)
         for size, what in ((self.block_m, "block-m"), (self.block_n, "block-n")):
             if size and (size < 16 or size & (size - 1)):
                 raise ValueError(f"mask-tiling: {what} must be a power of two >= 16, got {size}")
@@ -55,4 +59,4 @@ class MaskTilingPass(ModulePass):
             program = analyze(function)
             if program.online is None:
                 raise ProgramError("mask-tiling runs after online-softmax", program.scores)
-            program.online.properties["tile_plan"] = tile_plan(program, self.block_m, self.block_n)
+            program.online.properties["tile_plan"] = tile_plan(program, self.block_m, self.block_n, f32_dot)

@@ -1,5 +1,5 @@
 """The model against the stored H200 measurements (docs/bench/: run 14 on the Triton
-forward, run 20 on the Gluon forward; run 11 loads as history)."""
+forward, run 26's sweep and run 20 on the Gluon kernels; run 11 loads as history)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ RUN14 = load_cases(BENCH / "h200-run14.json", {"sweep": False, "sweep_training":
 RUN14_MAIN = load_cases(BENCH / "h200-run14.json", {"forward": False, "training": True})
 RUN11 = load_cases(BENCH / "h200-run11-sweep.json", {"sweep": False, "sweep_training": True}, block_n=64)
 RUN20 = load_cases(BENCH / "h200-run20" / "split_k" / "forward.json", {"forward": False}, base=LLAMA3_8B_HOPPER)
+RUN26 = load_sweep(BENCH / "h200-run26" / "cost_sweep.json")
+RUN26_GLUON = [c for c in RUN26 if c.shape.hopper]
 
 
 def test_cases_loaded() -> None:
@@ -33,17 +35,26 @@ def test_constants_are_the_fit_of_run14() -> None:
     assert result.rms_relative < 0.03  # differences to hybrid, relative to hybrid's time
 
 
-def test_hopper_constants_are_the_fit_of_run20() -> None:
-    """The Gluon forward's constants are what fit() returns on run 20's forward rows
-    (S = 2048 .. 16384, B*S = 16384; K rotated once per 128 x 128 visit by the producer)."""
-    assert [c.shape.seq_len for c in RUN20] == [2048, 4096, 8192, 16384]
-    assert all(c.shape.hopper and not c.backward for c in RUN20)
-    result = fit(RUN20, H200)
+def test_hopper_constants_are_the_fit_of_run26() -> None:
+    """The Gluon kernels' constants are what fit() returns on run 26's sweep (the six
+    families the Gluon forward serves: head dims 64 and 128, GQA groups 1 / 4 / 8, a
+    window, a QK-norm; S = 256 .. 65536; forward and forward + backward)."""
+    assert len(RUN26) == 182 and len(RUN26_GLUON) == 156
+    result = fit(RUN26_GLUON, H200)
     assert result.rotation_exposure == pytest.approx(model.HOPPER.rotation_exposure, rel=2e-3)
     assert result.prekernel_efficiency == pytest.approx(model.HOPPER.prekernel_efficiency, rel=2e-3)
-    assert result.rms_relative < 0.03
-    # less than the Triton kernel's: the producer's rotation partly hides behind the matmuls
+    # a poor fit (docs/cost-model.md, run 26): what a placement does to the attention
+    # kernel itself is not in the model
+    assert 0.1 < result.rms_relative < 0.25
     assert model.HOPPER.rotation_exposure < model.TRITON.rotation_exposure
+
+
+def test_auto_on_run26_sweep() -> None:
+    """Where the model stands on the Gluon kernels: 128 of 156 choices right (82%, the
+    issue asks 90%), the worst miss 9.3% (it asks < 3%)."""
+    result = score(RUN26_GLUON, H200)
+    assert (result.cases, result.hits) == (156, 128)
+    assert result.worst_loss < 0.1
 
 
 def test_auto_on_run20_forward() -> None:
