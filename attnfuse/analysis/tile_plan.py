@@ -134,11 +134,15 @@ def default_num_warps(program: AttentionProgram, block_m: int, block_n: int, f32
 
 def backward_block_sizes(program: AttentionProgram) -> tuple[int, int]:
     """(query rows, keys) per block of the backward kernels when `lower-backward` leaves
-    them at 0: 64 x 64, or 32 x 32 for f32 inputs (with FMA dots the dK/dV kernel's five
-    dots at 64 x 64 made ptxas spill 56 KiB per thread, 32 x 32 with 4 warps spills none;
-    with `tf32x3` dots t5_bias's forward + backward took 57.9 ms at 32 x 32 and 67.9 ms
-    at 64 x 64, run 26)."""
-    return (32, 32) if f32_inputs(program) else (64, 64)
+    them at 0: 64 x 64; for f32 inputs 32 x 32 up to head dim 128, 16 x 16 beyond. With
+    FMA dots the dK/dV kernel's five dots at 64 x 64 made ptxas spill 56 KiB per thread
+    (32 x 32 with 4 warps spills none); with `tf32x3` dots t5_bias's forward + backward
+    took 57.9 ms at 32 x 32 and 67.9 ms at 64 x 64 (run 26); at head dim 256 the 32 x 32
+    kernels fall back to 32 registers (dK/dV: 62 KiB of spills per thread with `tf32x3`,
+    98 KiB with FMA dots), 16 x 16 to 0.5-1.7 KiB (sm_90 compiles)."""
+    if not f32_inputs(program):
+        return 64, 64
+    return (32, 32) if max(_head_dims(program)) <= 128 else (16, 16)
 
 
 def in_kernel_transforms(transforms: list[RopeOp | QKNormOp]) -> list[RopeOp | QKNormOp]:

@@ -52,9 +52,9 @@ class LowerBackwardPass(ModulePass):
 
     block_m: int = 0
     """Query rows per dQ program and per step of the dK/dV loop; 0 picks
-    `backward_block_sizes` (64, or 32 for f32 inputs)."""
+    `backward_block_sizes` (64; for f32 inputs 32, or 16 beyond head dim 128)."""
     block_n: int = 0
-    """Keys per dK/dV program and per step of the dQ loop; 0: 64, or 32 for f32."""
+    """Keys per dK/dV program and per step of the dQ loop; 0 as `block-m`."""
     num_warps: int = 4
     num_stages: int = 2
     """The backward keeps more tiles live than the forward (Q, dO, dQ or dK/dV

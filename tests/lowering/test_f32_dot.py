@@ -81,21 +81,22 @@ def _lowered(text: str, f32_dot: str) -> tuple[tuple[int, int], dict[str, Kernel
     return (plan.block_m.data, plan.block_n.data), kernels
 
 
-@pytest.mark.parametrize(("f32_dot", "head_dim", "forward", "warps"), [
-    ("", 64, (128, 64), 8), ("ieee", 64, (64, 32), 8), ("", 256, (64, 32), 4), ("tf32", 32, (128, 64), 8), ("", 128, (64, 32), 4),
+@pytest.mark.parametrize(("f32_dot", "head_dim", "forward", "warps", "backward"), [
+    ("", 64, (128, 64), 8, 32), ("ieee", 64, (64, 32), 8, 32), ("", 256, (64, 32), 4, 16),
+    ("tf32", 32, (128, 64), 8, 32), ("", 128, (64, 32), 4, 32),
 ])
 def test_default_f32_tiles_follow_the_precision(f32_dot: str, head_dim: int, forward: tuple[int, int],
-                                                warps: int) -> None:
+                                                warps: int, backward: int) -> None:
     """Tensor-core dots take 128 x 64 forward tiles up to head dim 64 (64 x 32 beyond, to
     fit an SM's shared memory with pipelining; 4 warps); FMA dots keep 64 x 32 with 8 scores per thread. The
-    backward keeps 32 x 32 for every f32 precision. `attnfuse.compile(f32_dot=...)` sets
+    backward takes 32 x 32 for every f32 precision (16 x 16 beyond head dim 128). `attnfuse.compile(f32_dot=...)` sets
     the option of every pass that has it."""
     p = Builder(hq=2, hkv=1, d=head_dim).mask("causal").build()
     tiles, kernels = _lowered(p.text, f32_dot)
     assert tiles == forward
     assert kernels["f_fwd"].num_warps.value.data == warps
-    # the dK/dV kernel's K tile: 32 keys of the head dim
-    assert f"tensor<32x{head_dim}xf32>" in str(kernels["f_bwd_dkdv"])
+    # the dK/dV kernel's K tile: `backward` keys of the head dim
+    assert f"tensor<{backward}x{head_dim}xf32>" in str(kernels["f_bwd_dkdv"])
     fn = attnfuse.compile(p.text, f32_dot=f32_dot)
     precision = f32_dot or "tf32x3"
     dots = re.findall(r"tl\.dot\([^\n]*", fn.triton_source)
