@@ -10,8 +10,10 @@ in bf16 and trained with AdamW in bf16 (weights, gradients and both moments: 8 b
 parameter). Attention implementations (`--impls`, HF's `attn_implementation`):
 
 - attnfuse: `attnfuse.integrations.huggingface`. The model rotates q and k itself
-  before calling the attention interface, so the programs start at `attn.scores`:
-  AttnFuse's fused RoPE is not exercised here;
+  before calling the attention interface, so the programs start at `attn.scores`;
+- attnfuse_rope: the same backend with `huggingface_rope.fuse_rope(model)`: the layers
+  hand over unrotated q and k and the position ids, and RoPE runs inside AttnFuse's
+  kernels (forward and backward);
 - sdpa_cudnn, sdpa_flash: HF's SDPA integration with only that backend allowed
   (`torch.nn.attention.sdpa_kernel`): a shape it cannot run is an error, not a fallback;
 - flex_attention: HF's flex_attention integration (causal BlockMask);
@@ -79,12 +81,13 @@ from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, flex_attention_mask
 
-from attnfuse.integrations import huggingface
+from attnfuse.integrations import huggingface, huggingface_rope
 
-IMPLEMENTATIONS = ("attnfuse", "sdpa_cudnn", "sdpa_flash", "flex_attention", "sdpa")
+IMPLEMENTATIONS = ("attnfuse", "attnfuse_rope", "sdpa_cudnn", "sdpa_flash", "flex_attention", "sdpa")
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-ROPE_NOTE = ("attnfuse runs through the HF backend, which receives q and k already rotated by the model: "
-             "RoPE is not fused into AttnFuse's kernels in these measurements.")
+ROPE_NOTE = ("attnfuse runs through the HF backend, which receives q and k already rotated by the model; "
+             "attnfuse_rope (huggingface_rope.fuse_rope) hands it unrotated q and k, and RoPE runs in "
+             "AttnFuse's kernels.")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -148,12 +151,14 @@ def build_model(config: LlamaConfig, impl: str, device: torch.device, dtype: tor
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(config, attn_implementation=hf_implementation(impl), dtype=dtype)
+    if impl == "attnfuse_rope":
+        huggingface_rope.fuse_rope(model)
     return model.train()
 
 
 def hf_implementation(impl: str) -> str:
     """The `attn_implementation` name (`register`) of an implementation."""
-    return f"{'sdpa' if impl.startswith('sdpa') else impl}_unpacked"
+    return f"{'sdpa' if impl.startswith('sdpa') else impl.removesuffix('_rope')}_unpacked"
 
 
 def attention_context(impl: str) -> contextlib.AbstractContextManager[Any]:

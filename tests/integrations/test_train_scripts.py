@@ -39,20 +39,26 @@ def _finite(values: list[float]) -> bool:
     return bool(values) and all(math.isfinite(v) for v in values)
 
 
-def test_timed_steps(bench: tuple[ModuleType, ModuleType], tmp_path: Path) -> None:
+def test_timed_steps(bench: tuple[ModuleType, ModuleType], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     train_step, _ = bench
-    train_step.main(["--out", str(tmp_path), *MODEL, "--impls", "attnfuse,sdpa", "--seqs", "16", "--tokens", "32",
-                     "--warmup", "1", "--steps", "1", "--compile", "none"])
+    fused: list[object] = []
+    compiled_fused = train_step.huggingface_rope.compiled_fused
+    monkeypatch.setattr(train_step.huggingface_rope, "compiled_fused",
+                        lambda config: fused.append(config) or compiled_fused(config))
+    train_step.main(["--out", str(tmp_path), *MODEL, "--impls", "attnfuse,attnfuse_rope,sdpa", "--seqs", "16",
+                     "--tokens", "32", "--warmup", "1", "--steps", "1", "--compile", "none"])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["estimate_gib"]["total"] > 0 and result["parameters"] > 0 and "RoPE" in result["notes"][0]
     rows = {row["impl"]: row for row in result["rows"]}
-    assert set(rows) == {"attnfuse", "sdpa"}
+    assert set(rows) == {"attnfuse", "attnfuse_rope", "sdpa"}
     for row in rows.values():
         assert {"step_ms", "tokens_per_s", "peak_gib", "time_ratio_to_best", "first_step_s", "graph_breaks",
                 "step_ms_all"} <= set(row)
         assert row["seq"] == 16 and row["batch"] == 2 and _finite(row["losses"]) and len(row["losses"]) == 2
     assert min(row["time_ratio_to_best"] for row in rows.values()) == 1.0
     assert abs(rows["attnfuse"]["losses"][0] - rows["sdpa"]["losses"][0]) < 1e-5
+    # RoPE in AttnFuse's kernels (f32 tables) against the model's: the same loss
+    assert abs(rows["attnfuse_rope"]["losses"][0] - rows["sdpa"]["losses"][0]) < 1e-5 and fused
     assert "| attnfuse |" in (tmp_path / "summary.md").read_text()
 
 
