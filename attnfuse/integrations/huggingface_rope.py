@@ -144,8 +144,10 @@ def _fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[to
     q = self.q_proj(hidden).view(shape).transpose(1, 2)
     k = self.k_proj(hidden).view(shape).transpose(1, 2)
     v = self.v_proj(hidden).view(shape).transpose(1, 2)
-    config: FusedRopeConfig = replace(self._attnfuse_rope, heads=q.shape[1], kv_heads=k.shape[1], dtype=q.dtype)
-    weights = (self.q_norm.weight, self.k_norm.weight) if config.qk_norm_eps is not None else ()
+    weights = (self.q_norm.weight, self.k_norm.weight) if self._attnfuse_rope.qk_norm_eps is not None else ()
+    # sizes and dtypes as they are now (the model may have been cast since `fuse_rope`)
+    config: FusedRopeConfig = replace(self._attnfuse_rope, heads=q.shape[1], kv_heads=k.shape[1], dtype=q.dtype,
+                                      norm_dtype=weights[0].dtype if weights else None)
     positions = kwargs["position_ids"].to(torch.int32)
     out = _attend_fused(q, k, v, positions, weights, astuple(config))
     return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), None
@@ -161,10 +163,10 @@ def fuse_rope(model: torch.nn.Module) -> int:
         if norm is None or getattr(module, "sliding_window", None) is not None:
             continue
         eps = float(module.q_norm.variance_epsilon) if norm else None
+        # heads and dtypes are filled per call
         module._attnfuse_rope = FusedRopeConfig(
             heads=0, kv_heads=0, head_dim=module.head_dim, dtype=torch.float32, scale=float(module.scaling),
-            rope=rope_options(module.config, module.head_dim), qk_norm_eps=eps,
-            norm_dtype=module.q_norm.weight.dtype if norm else None)
+            rope=rope_options(module.config, module.head_dim), qk_norm_eps=eps, norm_dtype=None)
         module.forward = types.MethodType(_fused_forward, module)
         count += 1
     if not count:

@@ -160,6 +160,20 @@ def test_torch_compile_one_graph(calls: dict[str, list[Any]]) -> None:
     assert calls["fused"] and not calls["unfused"]
 
 
+def test_cast_after_fusing(calls: dict[str, list[Any]]) -> None:
+    """A model cast after `fuse_rope` runs programs of its new dtype (f16 here, whose
+    QK-norm weights are f16 too)."""
+    model = _model("qwen3")
+    ids = torch.randint(0, COMMON["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(ids, use_cache=False).logits
+        huggingface_rope.fuse_rope(model)
+        model.half().set_attn_implementation("attnfuse")
+        got = model(ids, use_cache=False).logits
+    assert calls["fused"][-1].dtype == calls["fused"][-1].norm_dtype == torch.float16
+    assert (got.double() - want).abs().max().item() < 0.05 * want.abs().max().item()
+
+
 def test_errors() -> None:
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
     with pytest.raises(NotImplementedError, match="fuse_rope: rope_type 'yarn' is not supported"):
