@@ -23,7 +23,7 @@ Masks: every implementation gets the plain causal mask (`is_causal` for SDPA, ma
 for AttnFuse, a causal BlockMask for flex), as in an eager step. Under torch.compile
 transformers itself would add a packed-sequence mask it cannot rule out while tracing
 (dense for SDPA and AttnFuse), so the models use mask functions that know the batches
-are unpacked (`register`, `unpacked`).
+are unpacked (`register`, `huggingface.unpacked`).
 
 Timed steps: B*S = --tokens (16384) at each S, synthetic uniform tokens (the same for
 every implementation). One step = forward with the loss, backward, AdamW step,
@@ -79,7 +79,7 @@ import transformers
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, flex_attention_mask
+from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
 
 from attnfuse.integrations import huggingface, huggingface_rope
 
@@ -116,7 +116,7 @@ def llama_config(args: argparse.Namespace, layers: int, seq: int) -> LlamaConfig
 
 def register() -> None:
     """Each implementation under a name of its own, `<name>_unpacked`, whose mask function
-    knows that a step's sequences are not packed (`unpacked`). SDPA takes AttnFuse's mask
+    knows that a step's sequences are not packed (`huggingface.unpacked`). SDPA takes AttnFuse's mask
     function: `sdpa_mask`, except that it leaves the plain causal mask to `is_causal` under
     torch.compile too (transformers < 5.24 or torch < 2.14 build it densely there)."""
     huggingface.register()
@@ -124,24 +124,7 @@ def register() -> None:
                                  ("sdpa", sdpa_attention_forward, huggingface.attention_mask_function),
                                  ("flex_attention", flex_attention_forward, flex_attention_mask)):
         AttentionInterface.register(f"{name}_unpacked", forward)
-        AttentionMaskInterface.register(f"{name}_unpacked", unpacked(masks))
-
-
-def unpacked(mask_function: Callable[..., Any]) -> Callable[..., Any]:
-    """`mask_function`, told that a call without padding mask or cache is a plain causal
-    one. Without them transformers looks for packed sequences in the position ids; under
-    torch.compile it cannot read them, so it always adds a packed-sequence mask: a dense
-    mask for SDPA (no flash backend) and AttnFuse (a bias operand, no block skipping), an
-    extra mask_mod for flex_attention. A training step here has one sequence a row
-    (positions 0..S-1), so the plain causal mask is the exact one."""
-    def function(**kwargs: Any) -> Any:
-        q_offset = kwargs.get("q_offset", 0)
-        if (kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
-                and isinstance(q_offset, int) and q_offset == 0 and kwargs.get("kv_offset", 0) == 0
-                and kwargs["q_length"] == kwargs["kv_length"]):
-            kwargs.update(mask_function=causal_mask_function, allow_is_causal_skip=True)
-        return mask_function(**kwargs)
-    return function
+        AttentionMaskInterface.register(f"{name}_unpacked", huggingface.unpacked(masks))
 
 
 def build_model(config: LlamaConfig, impl: str, device: torch.device, dtype: torch.dtype,

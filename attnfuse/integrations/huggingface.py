@@ -38,7 +38,7 @@ import attnfuse.api
 from attnfuse.passes import BSHD_PIPELINE
 from attnfuse.builder import Program, attention
 
-__all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask_function", "compiled", "register"]
+__all__ = ["NAME", "AttentionConfig", "attention_forward", "attention_mask_function", "compiled", "register", "unpacked"]
 
 NAME = "attnfuse"
 """The `attn_implementation` name `register()` uses by default."""
@@ -179,8 +179,31 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: 
     return compiled(AttentionConfig(*fields))(query, key, value, *extra)
 
 
-def register(name: str = NAME) -> None:
-    """Register the backend with transformers as `attn_implementation=name`."""
+def unpacked(mask_function: Any) -> Any:
+    """`mask_function` (any of transformers' mask interface functions), told that a call
+    without padding mask or cache offset is a plain causal one. Without them transformers
+    looks for packed sequences in the position ids; under torch.compile it cannot read
+    them, so it always adds a packed-sequence mask: a dense mask for SDPA and AttnFuse (a
+    bias operand, no block skipping, and `huggingface_rope`'s layers keep their own
+    RoPE), an extra mask_mod for flex_attention. For batches of one sequence a row
+    (positions 0..S-1) the plain causal mask is the exact one; packed batches need the
+    original function."""
+    from transformers.masking_utils import causal_mask_function  # see register()
+
+    def function(**kwargs: Any) -> Any:
+        q_offset = kwargs.get("q_offset", 0)
+        if (kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+                and isinstance(q_offset, int) and q_offset == 0 and kwargs.get("kv_offset", 0) == 0
+                and kwargs["q_length"] == kwargs["kv_length"]):
+            kwargs.update(mask_function=causal_mask_function, allow_is_causal_skip=True)
+        return mask_function(**kwargs)
+    return function
+
+
+def register(name: str = NAME, *, packed: bool = True) -> None:
+    """Register the backend with transformers as `attn_implementation=name`; with
+    `packed=False` its mask function is `unpacked`'s (for training on batches that never
+    pack several sequences into a row, under torch.compile)."""
     # Here, not at module import: transformers' attention interface imports torch's
     # flex_attention, and torch.compiler.allow_in_graph imports Dynamo; both imports set
     # TORCHINDUCTOR_CACHE_DIR.
@@ -189,4 +212,4 @@ def register(name: str = NAME) -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, attention_mask_function)
+    AttentionMaskInterface.register(name, attention_mask_function if packed else unpacked(attention_mask_function))

@@ -27,7 +27,7 @@ it is registered under). Pass `use_cache=False` to training forwards. Under
 `torch.compile` transformers gives every call without a padding mask a dense
 packed-sequence mask (it cannot read the position ids while tracing), which keeps the
 model's forward too, unless the implementation's mask function knows the batch is not
-packed (`bench/train_step.py`'s `unpacked`).
+packed (`huggingface.register(name, packed=False)`).
 """
 
 from __future__ import annotations

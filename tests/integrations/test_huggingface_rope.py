@@ -27,20 +27,12 @@ LLAMA3_SCALING = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, 
 UNPACKED = "attnfuse_unpacked"
 
 
-def _unpacked_mask(**kwargs: Any) -> Any:
-    """The backend's mask function, told that a call without padding mask is a plain
-    causal one (the batches here are not packed): under torch.compile transformers would
-    otherwise pass a dense packed-sequence mask, and the layers would keep their RoPE."""
-    if kwargs.get("attention_mask") is None:
-        kwargs.update(mask_function=transformers.masking_utils.causal_mask_function, allow_is_causal_skip=True)
-    return huggingface.attention_mask_function(**kwargs)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def registered() -> None:
     huggingface.register()
-    huggingface.register(UNPACKED)
-    transformers.masking_utils.AttentionMaskInterface.register(UNPACKED, _unpacked_mask)
+    # under torch.compile transformers would otherwise pass every call a dense
+    # packed-sequence mask, and the layers would keep their RoPE
+    huggingface.register(UNPACKED, packed=False)
 
 
 @pytest.fixture
