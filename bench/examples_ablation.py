@@ -9,7 +9,8 @@ B = 2, S = 8192 as `run_all.py --sections examples`. Writes DIR/examples_ablatio
 (one row per example x variant: ms, speed-up over flex = flex ms / AttnFuse ms, max
 |out - flex| and, for flex and each variant, max |out - float64 reference| over batch row 0:
 the forward calls run without gradients, as eager inference does; the backward kernels
-that ran) and prints a table.
+that ran, and why `host.tma_ready` refused the TMA kernels where it did) and prints a
+table.
 Needs CUDA.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +106,19 @@ def backward_kernels(fn: Any) -> list[str]:
                    if hasattr(step, "meta")})
 
 
+class _TmaRefusals(logging.Handler):
+    """The reasons `host.tma_ready` gave for not running the TMA (Gluon) kernels."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "TMA kernels not used" in message:
+            self.reasons.append(message)
+
+
 def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list[dict[str, Any]]) -> None:
     text = examples.path(name).read_text()
     function = find_functions(reference.parse_program(text))[0]
@@ -138,8 +153,18 @@ def run_example(name: str, variants: list[str], batch: int, seq: int, rows: list
                 out = run(*qkv).float()
             row["max_diff_vs_flex"] = float((out - flex_out).abs().max())
             row["max_err_vs_f64"] = f64_error(out)
-            row.update(time_pair(run, qkv, g))
+            refusals = _TmaRefusals()
+            host_log = logging.getLogger("attnfuse.runtime.host")
+            level = host_log.level
+            host_log.addHandler(refusals)
+            host_log.setLevel(logging.DEBUG)
+            try:
+                row.update(time_pair(run, qkv, g))
+            finally:
+                host_log.removeHandler(refusals)
+                host_log.setLevel(level)
             row["bwd_kernels"] = backward_kernels(fn)
+            row["tma_refusals"] = sorted(set(refusals.reasons))
             for key in ("fwd_ms", "fwd_bwd_ms"):
                 row[f"{key[:-3]}_speedup_vs_flex"] = flex_times[key] / row[key]
         except Exception as exc:  # reported, never hidden
