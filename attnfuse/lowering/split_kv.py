@@ -47,7 +47,7 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
 from attnfuse.lowering.split_combine import build_combine
-from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, q_tile_copies
 
 
 def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
@@ -59,8 +59,8 @@ def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
     elem = 4 if q_type.element_type == f32 else 2
     d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
-    q_copies = 2 if q_type.element_type == f32 and spec.f32_dot != "ieee" else 1  # as `pipeline_stages`
-    fixed = q_copies * elem * rows * d + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
+    q_tile = q_tile_copies(q_type.element_type, spec.f32_dot) * elem * rows * d
+    fixed = q_tile + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
     for stages in (3, 2):
         if fixed + elem * stages * block_n * (d + dv) <= SHARED_MEMORY_BUDGET // 2:
             return stages

@@ -9,7 +9,8 @@ uses is reported here, at `attn.scores`, rather than by a tile deep inside a ker
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import Attribute
 
 from attnfuse.dialects.tile_types import MAX_TILE_NUMEL
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM
@@ -19,6 +20,13 @@ from attnfuse.program import AttentionProgram, ProgramError
 SHARED_MEMORY_BUDGET = 227 * 1024
 """Bytes of shared memory a program may use on an H100/H200 SM (232448, the limit Triton
 reports for sm_90)."""
+
+
+def q_tile_copies(element_type: Attribute, f32_dot: str) -> int:
+    """Copies of the Q tile Triton 3.6 keeps in shared memory: two for f32 dots on the
+    tensor cores (`f32_dot` not `ieee`; measured from sm_90 compiles at head dims 64, 128
+    and 256), else one."""
+    return 2 if element_type == f32 and f32_dot != "ieee" else 1
 
 
 def check_tile_rows(program: AttentionProgram, block_m: int, block_n: int, options: str) -> None:

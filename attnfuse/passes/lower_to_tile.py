@@ -70,7 +70,7 @@ from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.split_kv import lower_split_kv
-from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows, q_tile_copies
 from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -81,7 +81,7 @@ def pipeline_stages(
     """The deepest KV pipeline (<= 3 stages) whose tiles fit the shared-memory budget:
     the Q tile plus one K and one V tile per stage, in the input element size, plus two
     K-sized buffers when K is transformed in the kernel (the loaded and the transformed
-    tile); f32 dots on the tensor cores (`f32_dot` not `ieee`) keep the Q tile twice.
+    tile); f32 dots on the tensor cores keep the Q tile twice (`q_tile_copies`).
     This is what Triton 3.6 allocates for the forward kernel (checked for every head dim
     and dtype by tests/lowering/test_shared_memory.py)."""
     q_type, v_type = program.scores.q.type, program.v_type
@@ -90,8 +90,8 @@ def pipeline_stages(
     head_pad, v_pad = padded(head_dim), padded(v_dim)
     elem = 4 if q_type.element_type == f32 else 2
     block_m, block_n = online.plan.block_m.data, online.plan.block_n.data
-    q_copies = 2 if q_type.element_type == f32 and f32_dot != "ieee" else 1
-    fixed = q_copies * elem * block_m * head_pad + (2 * elem * block_n * head_pad if k_in_kernel else 0)
+    q_tile = q_tile_copies(q_type.element_type, f32_dot) * elem * block_m * head_pad
+    fixed = q_tile + (2 * elem * block_n * head_pad if k_in_kernel else 0)
     for stages in (3, 2):
         if fixed + elem * stages * block_n * (head_pad + v_pad) <= SHARED_MEMORY_BUDGET:
             return stages
@@ -148,7 +148,7 @@ class LowerToTilePass(ModulePass):
     reshape into the output projection without a copy)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        resolve_f32_dot(self.name, self.f32_dot)  # an unknown precision fails before any lowering
+        f32_dot = resolve_f32_dot(self.name, self.f32_dot)  # an unknown precision fails before any lowering
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -171,10 +171,10 @@ class LowerToTilePass(ModulePass):
                 # runtime warns once per shape class (`HostProgram.build`).
                 program.func.attributes[TOP_LEFT_BAND] = ArrayAttr(
                     [IntegerAttr(program.q.arg_index, i64), IntegerAttr(program.k.arg_index, i64)])
-            for kernel in self._lower(program):
+            for kernel in self._lower(program, f32_dot):
                 op.body.block.add_op(kernel)
 
-    def _lower(self, program: AttentionProgram) -> list[Operation]:
+    def _lower(self, program: AttentionProgram, f32_dot: str) -> list[Operation]:
         function = program.func
         fname = function.sym_name.data
         args = function.args
@@ -234,7 +234,6 @@ class LowerToTilePass(ModulePass):
         out_shape = online.output.type.get_shape()
         lse_type = TensorType(f32, out_shape[:3])
         lse = host.alloc(lse_type, {0: batch, 2: q_len}, "lse")
-        f32_dot = resolve_f32_dot(self.name, self.f32_dot)
         planned = set(effective_masks(program.score_ops)) if (
             online.plan.is_exact() or online.plan.has_runtime_block_map()
         ) else set()
