@@ -115,28 +115,21 @@ def _attend_fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p
     return fn(*(named[p.name] for p in fn.parameters))
 
 
-def _unfused(module: torch.nn.Module, kwargs: dict[str, Any]) -> str | None:
-    """Why a call keeps the model's own forward, or None."""
-    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
-        return "a KV cache"
-    if kwargs.get("attention_mask") is not None:
-        return "an attention mask tensor"
-    if kwargs.get("position_ids") is None:
-        return "no position ids"
-    if module.training and getattr(module, "attention_dropout", 0.0):
-        return "dropout"
+def _keeps_own_forward(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether a call must keep the layer's own forward (see the module docstring)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # imported by the model already
 
-    implementation = module.config._attn_implementation
-    if ALL_ATTENTION_FUNCTIONS.get(implementation) is not attention_forward:
-        return f"attn_implementation {implementation!r} is not AttnFuse's"
-    return None
+    return (kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None  # rotated keys
+            or kwargs.get("attention_mask") is not None  # padding: the program has the causal mask only
+            or kwargs.get("position_ids") is None
+            or bool(module.training and getattr(module, "attention_dropout", 0.0))
+            or ALL_ATTENTION_FUNCTIONS.get(module.config._attn_implementation) is not attention_forward)
 
 
 def _fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """A supported layer's forward with RoPE (and QK-norm) in the compiled program; the
-    layer's own forward for the calls `_unfused` names."""
-    if args or _unfused(self, kwargs) is not None:
+    layer's own forward for the calls `_keeps_own_forward` names."""
+    if args or _keeps_own_forward(self, kwargs):
         return type(self).forward(self, *args, **kwargs)
     hidden = kwargs["hidden_states"]
     batch, seq = hidden.shape[:2]
