@@ -17,7 +17,11 @@ pages of a pool, read through a block table; docs/inference.md) and reports
 markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
-                           [--pipeline P] [--no-baseline-pipeline] [--page-size 16]
+                           [--pipeline P] [--no-baseline-pipeline] [--page-size 16] [--graphs] [--no-flex]
+
+With `--graphs` every call is also timed replayed from a CUDA graph (`<impl>_graph_ms`,
+ratios `graph_vs_*`): a server replays decode steps from graphs, and at these sizes an
+eager call's time is mostly the host's launch path, not the GPU's.
 """
 
 from __future__ import annotations
@@ -126,8 +130,19 @@ def _ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def _graph_ms(fn: Callable[[], Any]) -> float:
+    """Median ms of one call replayed from a CUDA graph (the call captured once, as a
+    server captures a decode step): the GPU's time without the host's launch path."""
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
 def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str,
-        baseline_pipeline: str | None, page_size: int = 0) -> list[dict[str, Any]]:
+        baseline_pipeline: str | None, page_size: int = 0, graphs: bool = False,
+        flex: bool = True, on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
@@ -152,12 +167,15 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if sq > 1:
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
-                    flex = flex_baseline(program, [q, k, v])
-                    impls["flex"] = lambda: flex(q, k, v)
+                    if flex:
+                        flex_fn = flex_baseline(program, [q, k, v])
+                        impls["flex"] = lambda: flex_fn(q, k, v)
                     for name, call in impls.items():
                         try:
                             row[f"{name}_max_diff_vs_sdpa"] = float((call().float() - want.float()).abs().max())
                             row[f"{name}_ms"] = _ms(call)
+                            if graphs:
+                                row[f"{name}_graph_ms"] = _graph_ms(call)
                         except Exception as exc:  # reported, never hidden
                             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     row["attnfuse_kernels"] = launched(fn, [q, k, v])
@@ -173,7 +191,15 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         row[f"vs_{other}"] = row[key] / row["attnfuse_ms"]
                 if "attnfuse_paged_ms" in row and "attnfuse_ms" in row:
                     row["paged_vs_contiguous"] = row["attnfuse_ms"] / row["attnfuse_paged_ms"]
+                graph_sdpa = [row[k] for k in ("sdpa_graph_ms", "sdpa_gqa_mask_graph_ms") if k in row]
+                if graph_sdpa and "attnfuse_graph_ms" in row:
+                    row["graph_vs_sdpa"] = min(graph_sdpa) / row["attnfuse_graph_ms"]
+                if "flex_graph_ms" in row and "attnfuse_graph_ms" in row:
+                    row["graph_vs_flex"] = row["flex_graph_ms"] / row["attnfuse_graph_ms"]
+                if "attnfuse_paged_graph_ms" in row and "attnfuse_graph_ms" in row:
+                    row["graph_paged_vs_contiguous"] = row["attnfuse_graph_ms"] / row["attnfuse_paged_graph_ms"]
                 rows.append(row)
+                on_row(rows)
                 print(json.dumps(row), flush=True)
                 del q, k, v, want
                 torch.cuda.empty_cache()
@@ -181,7 +207,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    lines = ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
+    lines = _graph_summary(rows) + ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
              "| vs flex | vs no split-kv | paged vs contiguous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -191,6 +217,23 @@ def summary(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {r.get('splits', '')} | {' | '.join(cell)} "
                      f"| {' | '.join(ratio)} |")
     return "\n".join(lines) + "\n"
+
+
+def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The CUDA-graph table (rows timed with --graphs), then a blank line; [] without them."""
+    if not any("attnfuse_graph_ms" in r for r in rows):
+        return []
+    lines = ["CUDA-graph replay, ms per call:", "",
+             "| B | Skv | Sq | AttnFuse | paged | SDPA (best) | flex | vs SDPA | vs flex | paged vs contiguous |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        sdpa = [r[k] for k in ("sdpa_graph_ms", "sdpa_gqa_mask_graph_ms") if k in r]
+        cell = [f"{v:.4f}" if v is not None else "err" for v in
+                (r.get("attnfuse_graph_ms"), r.get("attnfuse_paged_graph_ms"), min(sdpa) if sdpa else None,
+                 r.get("flex_graph_ms"))]
+        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous")]
+        lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
+    return [*lines, "", "Eager calls (do_bench), ms per call:", ""]
 
 
 def main() -> None:
@@ -204,15 +247,22 @@ def main() -> None:
                         help="skip timing the default pipeline without split-kv")
     parser.add_argument("--page-size", type=int, default=16,
                         help="page size of the paged KV cache rows (0: no paged rows)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time every call replayed from a CUDA graph (`<impl>_graph_ms`)")
+    parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles per shape)")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     baseline = None if args.no_baseline_pipeline else DEFAULT_PIPELINE.replace("split-kv,", "")
-    rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "page_size": args.page_size,
-         "rows": rows}, indent=1))
-    (args.out / "decode.md").write_text(summary(rows))
+
+    def write(rows: list[dict[str, Any]]) -> None:  # after every row: a cut-short run keeps what it measured
+        (args.out / "decode.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "page_size": args.page_size,
+             "rows": rows}, indent=1))
+        (args.out / "decode.md").write_text(summary(rows))
+
+    rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size,
+               graphs=args.graphs, flex=not args.no_flex, on_row=write)
     print(summary(rows))
 
 
