@@ -13,6 +13,11 @@ holds, so a sweep can span several device calls (`--budget-s` stops before start
 pair once that many seconds have passed).
 
     python bench/cost_sweep.py --out DIR [--families d128_g4,d64_g4] [--seqs 256,512] [--resume] [--budget-s 540]
+                               [--rounds 3]
+
+`--rounds N` times the placements N times in turn, rotating their order, and keeps the
+median (`ms`) and every round (`rounds_ms`): run 26 timed each once, and at S >= 16384
+its differences between placements changed sign from one family to the next.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,8 +106,11 @@ def _time(fn: Callable[[], Any]) -> float:
 
 
 def measure(name: str, family: Family, text: str, seq: int, batch: int,
-            compiled: dict[str, Any]) -> list[dict[str, Any]]:
-    """Forward and forward + backward ms of every placement at one S."""
+            compiled: dict[str, Any], rounds: int = 1) -> list[dict[str, Any]]:
+    """Forward and forward + backward ms of every placement at one S. With `rounds` > 1
+    the placements are timed in turn that many times, the order rotated each round (a
+    drift of the GPU's clocks during the sweep then falls on every placement alike):
+    `ms` is the median over the rounds, `rounds_ms` every round's time."""
     gen = torch.Generator(device="cuda").manual_seed(seq)
 
     def make(heads: int) -> torch.Tensor:
@@ -110,7 +119,7 @@ def measure(name: str, family: Family, text: str, seq: int, batch: int,
 
     q, k, v = make(HEADS), make(HEADS // family.group), make(HEADS // family.group)
     grad = torch.randn_like(q)
-    rows = []
+    steps: list[tuple[str, str, Callable[[], None]]] = []
     for placement in PLACEMENTS:
         if placement not in compiled:
             compiled[placement] = attnfuse.compile(text, pipeline=pipeline(placement))
@@ -124,13 +133,28 @@ def measure(name: str, family: Family, text: str, seq: int, batch: int,
             q.grad = k.grad = v.grad = None
             fn(q, k, v).backward(grad)
 
-        for section, step in (("cost_forward", forward), ("cost_training", training)):
-            row: dict[str, Any] = {"section": section, "family": name, "seq": seq, "batch": batch, "name": placement}
+        steps += [("cost_forward", placement, forward), ("cost_training", placement, training)]
+    times: dict[tuple[str, str], list[float]] = {(section, p): [] for section, p, _ in steps}
+    errors: dict[tuple[str, str], str] = {}
+    for i in range(rounds):
+        shift = (i * 2) % len(steps)  # rotate by one placement (its two sections) a round
+        for section, placement, step in steps[shift:] + steps[:shift]:
+            if (section, placement) in errors:
+                continue
             try:
-                row["ms"] = _time(step)
+                times[section, placement].append(_time(step))
             except Exception as exc:  # noqa: BLE001 - a placement that does not run is a result
-                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-            rows.append(row)
+                errors[section, placement] = f"{type(exc).__name__}: {exc}"[:400]
+    rows = []
+    for section, placement, _ in sorted(steps, key=lambda s: (s[0], PLACEMENTS.index(s[1]))):
+        row: dict[str, Any] = {"section": section, "family": name, "seq": seq, "batch": batch, "name": placement}
+        if (section, placement) in errors:
+            row["error"] = errors[section, placement]
+        else:
+            row["ms"] = statistics.median(times[section, placement])
+            if rounds > 1:
+                row["rounds_ms"] = times[section, placement]
+        rows.append(row)
     return rows
 
 
@@ -142,6 +166,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--resume", action="store_true", help="keep DIR/cost_sweep.json's rows, skip what they cover")
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no new (family, S) after this many seconds")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the placements this many times in turn, the order rotated each round (ms: the median)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("cost_sweep.py times kernels on a CUDA GPU and none is visible")
@@ -167,7 +193,7 @@ def main() -> None:
                 return
             batch = batch_of(seq, args.tokens)
             shape = shape_row(text, seq, batch, target)
-            new = measure(name, family, text, seq, batch, compiled)
+            new = measure(name, family, text, seq, batch, compiled, args.rounds)
             torch.cuda.empty_cache()
             rows += [{**r, "shape": shape} for r in new]
             path.write_text(json.dumps({**meta, "rows": rows}, indent=1))
