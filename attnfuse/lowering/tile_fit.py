@@ -29,6 +29,24 @@ def q_tile_copies(element_type: Attribute, f32_dot: str) -> int:
     return 2 if element_type == f32 and f32_dot != "ieee" else 1
 
 
+def kv_stages(fixed: int, per_stage: int, budget: int, *, paged: bool, block_n: int) -> int:
+    """The `num_stages` of a KV loop: the deepest of 3 and 2 stages of K/V tiles
+    (`per_stage` bytes each) that fits `budget` beside `fixed` bytes, else 1.
+
+    A paged cache adds two stages: its K/V row addresses come from a block-table load,
+    and Triton 3.6's software pipeliner spends stages on that load before the K/V loads
+    that depend on it (sm_90 compiles of the Llama-3-8B split kernel: two K/V buffers at
+    3 or 4 stages, three at 5, as the contiguous kernel has at 3;
+    tests/lowering/test_paged_sm90.py). Its two tiles of `block_n` int32 page numbers are
+    counted."""
+    if paged:
+        fixed += 2 * 4 * block_n
+    for stages in (3, 2):
+        if fixed + stages * per_stage <= budget:
+            return stages + 2 * paged
+    return 1 + 2 * paged
+
+
 def check_tile_rows(program: AttentionProgram, block_m: int, block_n: int, options: str) -> None:
     """Raise a `ProgramError` at `attn.scores` when a kernel tile would have more than
     `MAX_TILE_NUMEL` elements; `options` names the pass options that set the blocks."""

@@ -12,6 +12,8 @@ use on sm_90, and the split kernel within half an SM's (two programs per SM).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_split_kv_sm90 import program as contiguous_program
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, bf16
@@ -82,6 +84,29 @@ def test_paged_kernels_compile_for_sm90(name: str) -> None:
     _check(kernels["f_fwd"], f"{name} f_fwd", allowed)
     shared = _check(kernels["f_split_kv"], f"{name} f_split_kv")
     assert shared <= SHARED_MEMORY_BUDGET // 2, f"{name}: {shared} bytes, more than half an SM"
+
+
+def _kv_buffers(kernel: KernelOp) -> int:
+    """The deepest ring of K/V tiles (`[n, BN, D]` shared-memory buffers) in the kernel's TTGIR."""
+    ttgir = compile_kernel_for_sm90(kernel, specialize=True).asm["ttgir"]
+    rings = re.findall(r"ttg\.local_alloc[^\n]*!ttg\.memdesc<(\d+)x\d+x\d+x(?:bf16|f16|f32)", ttgir)
+    assert rings, "no pipelined K/V tiles"
+    return max(int(n) for n in rings)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_paged_kernels_keep_the_contiguous_pipeline_depth(name: str) -> None:
+    """The block-table load takes pipeline stages of its own: paged kernels ask for two
+    more (`tile_fit.kv_stages`) so that their K/V tiles are buffered as deep as on a
+    contiguous cache (Llama-3-8B: 3), within the shared memory (half an SM for the split
+    kernel)."""
+    shape, options = CASES[name]
+    paged = _kernels(program(*shape, **options))
+    contiguous = _kernels(contiguous_program(*shape, **options))
+    for kernel in ("f_fwd", "f_split_kv"):
+        assert _kv_buffers(paged[kernel]) == _kv_buffers(contiguous[kernel]), kernel
+    if name == "llama3_8b":
+        assert _kv_buffers(paged["f_split_kv"]) == _kv_buffers(paged["f_fwd"]) == 3
 
 
 @pytest.mark.parametrize("rope", [False, True])
