@@ -30,8 +30,11 @@ import torch
 Slots = list[Any]
 Step = Callable[[Slots], None]
 
-SCRATCH_BYTES = 1 << 20
-"""The most bytes of scratch a plan keeps per stream; buffers beyond it are allocated per call."""
+SCRATCH_BYTES = 4 << 20
+"""The most bytes of scratch a plan keeps per stream; buffers beyond it are allocated per call.
+4 MiB holds the dropped results of a Llama-3-8B-sized call at B = 1, S = 128 (the rotated
+K, 256 KiB, and the saved rotated Q, 1 MiB), whose allocation per call run 27's host
+profile found (1 MiB had kept only the rotated K)."""
 
 
 class Scratch:
