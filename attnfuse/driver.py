@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse import examples
-from attnfuse.cost.target import get_target, known_targets
+from attnfuse.cost.target import get_target
 from attnfuse.diagnostic_verifier import (
     Diagnostic,
     Expectation,
@@ -52,7 +52,7 @@ from attnfuse.diagnostics import (
     verify_module,
 )
 from attnfuse.frontend import AttnFrontend
-from attnfuse.pass_listing import ListPassesAction, help_epilog
+from attnfuse.driver_options import PROG, add_arguments
 from attnfuse.pass_manager import (
     PassBrokeIRError,
     PassCrashError,
@@ -71,7 +71,6 @@ from attnfuse.universe import ATTNFUSE_DIALECTS, ATTNFUSE_FRONTENDS, ATTNFUSE_TA
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "AttnfuseOptMain", "main"]
 
-PROG = "attnfuse-opt"
 SPLIT_MARKER = b"// -----"
 """A line that separates chunks under ``--split-input-file``."""
 EXIT_ERROR = 1
@@ -161,81 +160,7 @@ class AttnfuseOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
-        arg_parser.prog = PROG
-        arg_parser.set_defaults(passes=None)
-        for action in arg_parser._actions:  # noqa: SLF001 (shorten xDSL's huge help)
-            if action.dest == "passes":
-                action.help = (
-                    "pass pipeline, e.g. 'attn-canonicalize,rope-fusion{strategy=auto}' "
-                    "(passes are listed below; default with -t triton: the default "
-                    "pipeline)"
-                )
-        arg_parser.add_argument(
-            "--print-ir-after-all",
-            action="store_true",
-            help="print the IR to stderr after every pass, headed "
-            "'// -----// IR Dump After <pass> //----- //'",
-        )
-        arg_parser.add_argument(
-            "--example",
-            metavar="NAME",
-            help="read a shipped example program instead of an input file: "
-            f"{', '.join(examples.names())} (attnfuse.examples)",
-        )
-        arg_parser.add_argument(
-            "--device",
-            "--gpu",
-            metavar="NAME",
-            help="GPU the cost model plans for (" + ", ".join(known_targets()) + ", or a profile "
-            "written by attnfuse-calibrate, FILE.json); "
-            "fills the unset 'target' option of passes (rope-fusion{strategy=auto})",
-        )
-        arg_parser.add_argument(
-            "--seq-len",
-            type=int,
-            default=0,
-            metavar="N",
-            help="sequence length the cost model plans for (default: the program's "
-            "static S, else 4096); fills the unset 'seq-len' option of passes",
-        )
-        arg_parser.add_argument(
-            "--f32-dot",
-            default="",
-            choices=("ieee", "tf32x3", "tf32"),
-            help="precision of the dots of f32 programs (default tf32x3: three TF32 "
-            "tensor-core products, about fp32 accuracy; ieee: FMA units); fills the "
-            "unset 'f32-dot' option of passes",
-        )
-        arg_parser.add_argument(
-            "--batch",
-            type=int,
-            default=0,
-            metavar="N",
-            help="batch for --cost-report (default: 16384 tokens / S)",
-        )
-        arg_parser.add_argument(
-            "--cost-report",
-            action="store_true",
-            help="print each RoPE placement's predicted time on --device, the choice "
-            "and the crossover, instead of running the pipeline (no GPU needed)",
-        )
-        arg_parser.add_argument(
-            "--pass-plugin",
-            action="append",
-            default=[],
-            metavar="FILE_OR_MODULE",
-            help="load passes from a .py file or Python module (repeatable); every "
-            "ModulePass it defines becomes usable in -p",
-        )
-        arg_parser.add_argument(
-            "--list-passes",
-            action=ListPassesAction,
-            passes=self.available_passes,
-            help="list every available pass (AttnFuse, plugins and xDSL) and exit",
-        )
-        if self._want_help:  # imports pass modules for their docstrings: help only
-            arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
-            arg_parser.epilog = help_epilog(self.available_passes)
+        add_arguments(arg_parser, self.available_passes, with_pass_help=self._want_help)
 
     # -------------------------------------------------------------------- pipeline
 
