@@ -27,7 +27,6 @@ from contextlib import contextmanager
 
 from xdsl.builder import Builder, InsertPoint
 from xdsl.dialects import arith
-from xdsl.dialects import math as xmath
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     DictionaryAttr,
@@ -61,6 +60,7 @@ from attnfuse.dialects.tile import (
     WhereOp,
 )
 from attnfuse.dialects.tile_builder_control import ControlFlow, ForLoop, IfBranches
+from attnfuse.dialects.tile_builder_math import MathOps
 from attnfuse.dialects.tile_builder_memory import MemoryOps
 from attnfuse.dialects.tile_types import (
     Literal,
@@ -86,7 +86,7 @@ _CMP_FLOAT = {
 }
 
 
-class TileBuilder(MemoryOps, ControlFlow):
+class TileBuilder(MemoryOps, MathOps, ControlFlow):
     """Appends tile/arith/math/scf ops at an insertion point inside a `tile.kernel`."""
 
     def __init__(self, kernel: KernelOp, insertion_point: InsertPoint | None = None):
@@ -402,56 +402,6 @@ class TileBuilder(MemoryOps, ControlFlow):
         if len(shape) == 0:
             return self._emit(arith.SelectOp(cond, a, b), name)
         return self._emit(WhereOp(cond, a, b), name)
-
-    # -- math ---------------------------------------------------------------------
-
-    def _unary_float(
-        self, op: type[Operation], x: SSAValue, name: str | None
-    ) -> SSAValue:
-        if not is_float_type(element_type_of(x.type)):
-            raise TypeError(f"{op.name} needs a float operand, got {x.type}")  # pyright: ignore
-        return self._emit(op(x), name)  # pyright: ignore[reportCallIssue]
-
-    def exp(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.ExpOp, x, name)
-
-    def exp2(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.Exp2Op, x, name)
-
-    def erf(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.ErfOp, x, name)
-
-    def floor(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.FloorOp, x, name)
-
-    def ceil(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.CeilOp, x, name)
-
-    def log(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.LogOp, x, name)
-
-    def log2(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.Log2Op, x, name)
-
-    def tanh(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.TanhOp, x, name)
-
-    def sqrt(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.SqrtOp, x, name)
-
-    def rsqrt(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.RsqrtOp, x, name)
-
-    def sin(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.SinOp, x, name)
-
-    def cos(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        return self._unary_float(xmath.CosOp, x, name)
-
-    def abs(self, x: SSAValue, *, name: str | None = None) -> SSAValue:
-        if is_float_type(element_type_of(x.type)):
-            return self._emit(xmath.AbsFOp(x), name)
-        return self.maximum(x, self.neg(x), name=name)
 
     # -- conversions --------------------------------------------------------------
 
