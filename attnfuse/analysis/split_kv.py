@@ -32,8 +32,9 @@ def _head_dims(program: AttentionProgram) -> tuple[int, int]:
 def decode_tiles(program: AttentionProgram) -> tuple[int, int]:
     """(most packed rows, keys per KV block) of a split kernel tile without register
     spills on sm_90 (tests/lowering/test_split_kv_sm90.py): 128 x 64 for 16-bit inputs
-    with head dims up to 128, 64 x 32 for wider heads, 32 x 16 for f32 inputs (their
-    dots run on FMA units from registers). The K and V tiles of three pipeline stages
+    with head dims up to 128, 64 x 32 for wider heads, 32 x 16 for f32 inputs (sized
+    for FMA dots from registers, `f32-dot=ieee`; the `tf32x3` default keeps them, not
+    tuned for the tensor cores). The K and V tiles of three pipeline stages
     then fit half an SM's shared memory, so two programs share each SM."""
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
