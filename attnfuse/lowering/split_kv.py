@@ -47,22 +47,18 @@ from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
 from attnfuse.lowering.split_combine import build_combine
-from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages, q_tile_copies
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
 
 def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
     """Pipeline depth (`kv_stages`) whose tiles fit half of `SHARED_MEMORY_BUDGET`, so
-    that two programs share an SM: the packed Q tile plus a K and a V tile per stage (and
-    two K-sized buffers when K is transformed in the kernel), as `pipeline_stages` counts
-    for the forward kernel."""
+    that two programs share an SM: the packed Q tile of `rows` rows plus the K and V
+    tiles, counted as `pipeline_stages` counts them for the forward kernel."""
     q_type, v_type = spec.q.type, spec.v.type
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
-    elem = 4 if q_type.element_type == f32 else 2
-    d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
-    q_tile = q_tile_copies(q_type.element_type, spec.f32_dot) * elem * rows * d
-    fixed = q_tile + (2 * elem * block_n * d if k_transformed_in_kernel(spec.program) else 0)
-    return kv_stages(fixed, elem * block_n * (d + dv), SHARED_MEMORY_BUDGET // 2, paged=spec.paged is not None,
-                     block_n=block_n)
+    return kv_stages(q_type, v_type, rows, block_n, SHARED_MEMORY_BUDGET // 2,
+                     k_in_kernel=k_transformed_in_kernel(spec.program), f32_dot=spec.f32_dot,
+                     paged=spec.paged is not None)
 
 
 def split_warps(spec: ForwardSpec, rows: int) -> int:

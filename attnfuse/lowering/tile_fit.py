@@ -29,9 +29,15 @@ def q_tile_copies(element_type: Attribute, f32_dot: str) -> int:
     return 2 if element_type == f32 and f32_dot != "ieee" else 1
 
 
-def kv_stages(fixed: int, per_stage: int, budget: int, *, paged: bool, block_n: int) -> int:
-    """The `num_stages` of a KV loop: the deepest of 3 and 2 stages of K/V tiles
-    (`per_stage` bytes each) that fits `budget` beside `fixed` bytes, else 1.
+def kv_stages(
+    q_type: TensorType, v_type: TensorType, block_m: int, block_n: int, budget: int, *,
+    k_in_kernel: bool, f32_dot: str, paged: bool,
+) -> int:
+    """The `num_stages` of a KV loop: the deepest of 3 and 2 stages whose tiles fit
+    `budget` bytes of shared memory, else 1. Counted in the input element size: the Q
+    tile (`block_m` rows, `q_tile_copies` of it), two K-sized buffers when K is
+    transformed in the kernel (the loaded and the transformed tile), and per stage one K
+    and one V tile of `block_n` rows (head dims padded).
 
     A paged cache adds two stages: its K/V row addresses come from a block-table load,
     and Triton 3.6's software pipeliner spends stages on that load before the K/V loads
@@ -39,10 +45,13 @@ def kv_stages(fixed: int, per_stage: int, budget: int, *, paged: bool, block_n: 
     3 or 4 stages, three at 5, as the contiguous kernel has at 3;
     tests/lowering/test_paged_sm90.py). Its two tiles of `block_n` int32 page numbers are
     counted."""
-    if paged:
-        fixed += 2 * 4 * block_n
+    elem = 4 if q_type.element_type == f32 else 2
+    d, dv = padded(q_type.get_shape()[3]), padded(v_type.get_shape()[3])
+    fixed = q_tile_copies(q_type.element_type, f32_dot) * elem * block_m * d
+    fixed += 2 * elem * block_n * d if k_in_kernel else 0
+    fixed += 2 * 4 * block_n if paged else 0
     for stages in (3, 2):
-        if fixed + stages * per_stage <= budget:
+        if fixed + stages * elem * block_n * (d + dv) <= budget:
             return stages + 2 * paged
     return 1 + 2 * paged
 

@@ -67,10 +67,9 @@ from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.hopper_forward import lower_hopper_forward
 from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
-from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.split_kv import lower_split_kv
-from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows, kv_stages, q_tile_copies
+from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows, kv_stages
 from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
 
@@ -79,22 +78,14 @@ def pipeline_stages(
     program: AttentionProgram, online: OnlineSoftmaxOp, *, k_in_kernel: bool = False, f32_dot: str = "ieee"
 ) -> int:
     """The deepest KV pipeline (`kv_stages`) whose tiles fit the shared-memory budget:
-    the Q tile plus one K and one V tile per stage, in the input element size, plus two
-    K-sized buffers when K is transformed in the kernel (the loaded and the transformed
-    tile); f32 dots on the tensor cores keep the Q tile twice (`q_tile_copies`); a paged
-    cache two more stages for its block-table loads.
-    This is what Triton 3.6 allocates for the forward kernel (checked for every head dim
-    and dtype by tests/lowering/test_shared_memory.py)."""
-    q_type, v_type = program.scores.q.type, program.v_type
+    the Q tile of `block-m` rows plus the K and V tiles of each stage, and two stages more
+    for a paged cache's block-table loads. This is what Triton 3.6 allocates for the
+    forward kernel (checked for every head dim and dtype by
+    tests/lowering/test_shared_memory.py)."""
+    q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)
-    head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]
-    head_pad, v_pad = padded(head_dim), padded(v_dim)
-    elem = 4 if q_type.element_type == f32 else 2
-    block_m, block_n = online.plan.block_m.data, online.plan.block_n.data
-    q_tile = q_tile_copies(q_type.element_type, f32_dot) * elem * block_m * head_pad
-    fixed = q_tile + (2 * elem * block_n * head_pad if k_in_kernel else 0)
-    paged = program.scores.block_table is not None
-    return kv_stages(fixed, elem * block_n * (head_pad + v_pad), SHARED_MEMORY_BUDGET, paged=paged, block_n=block_n)
+    return kv_stages(q_type, program.v_type, online.plan.block_m.data, online.plan.block_n.data, SHARED_MEMORY_BUDGET,
+                     k_in_kernel=k_in_kernel, f32_dot=f32_dot, paged=program.scores.block_table is not None)
 
 
 OUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
