@@ -190,27 +190,31 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
                         del cache
                 row["splits"] = row["attnfuse_kernels"].get("decode_split_kv", 0)
-                sdpa = [row[k] for k in ("sdpa_ms", "sdpa_gqa_mask_ms") if k in row]
-                if sdpa:
-                    row["sdpa_best_ms"] = min(sdpa)
-                for other, key in (("sdpa", "sdpa_best_ms"), ("flex", "flex_ms"), ("no_split", "attnfuse_no_split_ms")):
-                    if key in row and "attnfuse_ms" in row:
-                        row[f"vs_{other}"] = row[key] / row["attnfuse_ms"]
-                if "attnfuse_paged_ms" in row and "attnfuse_ms" in row:
-                    row["paged_vs_contiguous"] = row["attnfuse_ms"] / row["attnfuse_paged_ms"]
-                graph_sdpa = [row[k] for k in ("sdpa_graph_ms", "sdpa_gqa_mask_graph_ms") if k in row]
-                if graph_sdpa and "attnfuse_graph_ms" in row:
-                    row["graph_vs_sdpa"] = min(graph_sdpa) / row["attnfuse_graph_ms"]
-                if "flex_graph_ms" in row and "attnfuse_graph_ms" in row:
-                    row["graph_vs_flex"] = row["flex_graph_ms"] / row["attnfuse_graph_ms"]
-                if "attnfuse_paged_graph_ms" in row and "attnfuse_graph_ms" in row:
-                    row["graph_paged_vs_contiguous"] = row["attnfuse_graph_ms"] / row["attnfuse_paged_graph_ms"]
+                _ratios(row, "ms", "")
+                _ratios(row, "graph_ms", "graph_")
                 rows.append(row)
                 on_row(rows)
                 print(json.dumps(row), flush=True)
                 del q, k, v, want
                 torch.cuda.empty_cache()
     return rows
+
+
+def _ratios(row: dict[str, Any], ms: str, prefix: str) -> None:
+    """Add to `row` the faster SDPA form's time (`sdpa_best_<ms>`) and AttnFuse's ratios
+    from its `<impl>_<ms>` times (`ms`: "ms" eager, "graph_ms" from CUDA graphs), each
+    key headed by `prefix`: `vs_<baseline>` (baseline / AttnFuse), `paged_vs_contiguous`."""
+    sdpa = [row[f"{impl}_{ms}"] for impl in ("sdpa", "sdpa_gqa_mask") if f"{impl}_{ms}" in row]
+    if sdpa:
+        row[f"sdpa_best_{ms}"] = min(sdpa)
+    ours = row.get(f"attnfuse_{ms}")
+    if ours is None:
+        return
+    for other, impl in (("sdpa", "sdpa_best"), ("flex", "flex"), ("no_split", "attnfuse_no_split")):
+        if f"{impl}_{ms}" in row:
+            row[f"{prefix}vs_{other}"] = row[f"{impl}_{ms}"] / ours
+    if f"attnfuse_paged_{ms}" in row:
+        row[f"{prefix}paged_vs_contiguous"] = ours / row[f"attnfuse_paged_{ms}"]
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -234,10 +238,8 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
              "| B | Skv | Sq | AttnFuse | paged | SDPA (best) | flex | vs SDPA | vs flex | paged vs contiguous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        sdpa = [r[k] for k in ("sdpa_graph_ms", "sdpa_gqa_mask_graph_ms") if k in r]
-        cell = [f"{v:.4f}" if v is not None else "err" for v in
-                (r.get("attnfuse_graph_ms"), r.get("attnfuse_paged_graph_ms"), min(sdpa) if sdpa else None,
-                 r.get("flex_graph_ms"))]
+        cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+                ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "sdpa_best_graph_ms", "flex_graph_ms")]
         ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     return [*lines, "", "Eager calls (do_bench), ms per call:", ""]
