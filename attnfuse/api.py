@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, TensorType
+from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 
 from attnfuse.analysis.packing import packed_batch
@@ -43,8 +44,9 @@ from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_hopper import KernelOp as GluonKernelOp
 from attnfuse.params import substitute
 from attnfuse.pass_manager import PassManager, make_context
+from attnfuse.placement_versions import PlacementVersions
 from attnfuse.passes import DEFAULT_PIPELINE, pass_fingerprint
-from attnfuse.program import analyze, find_functions, shared_length_operand, symbolic_shapes
+from attnfuse.program import AttentionProgram, analyze, find_functions, shared_length_operand, symbolic_shapes
 from attnfuse.runtime import cache
 from attnfuse.runtime.checks import ArgumentChecker, AttnfuseArgumentError, Parameter, torch_dtype
 from attnfuse.runtime.host import HostProgram
@@ -98,6 +100,49 @@ def _print(op: Any) -> str:
     return buf.getvalue()
 
 
+def _lower(text: str, manager: PassManager, ctx: Any, module: ModuleOp, locations: Any,
+           name: str) -> tuple[cache.CompiledProgram, list[func.FuncOp], str]:
+    """(the compiled program, its host functions, the lowered IR as text) of `text` (parsed
+    as `module`) through `manager`'s pipeline: from the disk cache, else lowered and stored."""
+    prints = [pass_fingerprint(type(p)) for p in manager.passes]
+    key = hashlib.sha256("\n".join([text, manager.pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
+    cached = cache.load(key) if None not in prints else None
+    logger.debug("@%s: disk cache %s (key %s)", name, "hit" if cached else "miss", key[:16])
+    if cached is not None:
+        host_funcs = [f for f in parse_module_with_locations(ctx, cached.host, "<cache>")[0].ops
+                      if isinstance(f, func.FuncOp)]
+        return cached, host_funcs, cached.host
+    start = time.perf_counter()
+    manager.run(module, ctx, locations=locations)
+    kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
+    gluon = [op for op in module.walk() if isinstance(op, GluonKernelOp)]
+    host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
+    compiled = cache.CompiledProgram(
+        source=emit_module(kernels) + emit_gluon(module),
+        host="\n".join(_print(f) for f in host_funcs),
+        kernels={**{k.sym_name.data: kernel_metadata(k) for k in kernels},
+                 **{k.sym_name.data: gluon_kernel_metadata(k) for k in gluon}},
+    )
+    logger.debug("@%s: ran %s in %.3f s", name, manager.pipeline, time.perf_counter() - start)
+    if None not in prints:
+        cache.store(key, compiled)
+    return compiled, host_funcs, str(module)
+
+
+def _analyzed(text: str, filename: str, name: str) -> AttentionProgram:
+    """The attention program of function @name in `text`, parsed anew."""
+    module = parse_module_with_locations(make_context(), text, filename)[0]
+    return analyze(next(f for f in find_functions(module) if f.sym_name.data == name))
+
+
+def _lower_host(text: str, filename: str, name: str, passes: Sequence[ModulePass]) -> HostProgram:
+    """The forward host program of @name in `text` lowered through `passes` (`PlacementVersions`)."""
+    ctx = make_context()
+    module, locations = parse_module_with_locations(ctx, text, filename)
+    compiled, host_funcs, _ = _lower(text, PassManager(passes), ctx, module, locations, name)
+    return HostProgram(next(f for f in host_funcs if f.sym_name.data == name), compiled.source, compiled.kernels)
+
+
 class AttentionFunction:
     """A compiled attention program; call it like the function it declares."""
 
@@ -128,31 +173,9 @@ class AttentionFunction:
         self.attn_ir = str(module)
         self.pipeline = pipeline
         manager = PassManager(pipeline, target=target, f32_dot=f32_dot)
-        prints = [pass_fingerprint(type(p)) for p in manager.passes]
-        key = hashlib.sha256("\n".join([text, manager.pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
-        cached = cache.load(key) if None not in prints else None
-        logger.debug("@%s: disk cache %s (key %s)", self.name, "hit" if cached else "miss", key[:16])
-        if cached is None:
-            start = time.perf_counter()
-            manager.run(module, ctx, locations=locations)
-            kernels = [op for op in module.walk() if isinstance(op, KernelOp)]
-            gluon = [op for op in module.walk() if isinstance(op, GluonKernelOp)]
-            host_funcs = [f for f in module.ops if isinstance(f, func.FuncOp)]
-            compiled = cache.CompiledProgram(
-                source=emit_module(kernels) + emit_gluon(module),
-                host="\n".join(_print(f) for f in host_funcs),
-                kernels={**{k.sym_name.data: kernel_metadata(k) for k in kernels},
-                         **{k.sym_name.data: gluon_kernel_metadata(k) for k in gluon}},
-            )
-            self.lowered_ir = str(module)
-            logger.debug("@%s: ran %s in %.3f s", self.name, pipeline, time.perf_counter() - start)
-            if None not in prints:
-                cache.store(key, compiled)
-        else:
-            compiled = cached
-            self.lowered_ir = compiled.host
-            host_funcs = [f for f in parse_module_with_locations(ctx, compiled.host, "<cache>")[0].ops
-                          if isinstance(f, func.FuncOp)]
+        rope = PlacementVersions.applies(analyzed, manager.passes)
+        compiled_placement = PlacementVersions.compiled_placement(analyzed, rope) if rope is not None else ""
+        compiled, host_funcs, self.lowered_ir = _lower(text, manager, ctx, module, locations, self.name)
         self.triton_source = compiled.source
         metadata = compiled.kernels
         by_name = {f.sym_name.data: f for f in host_funcs}
@@ -193,6 +216,10 @@ class AttentionFunction:
         self.ops, self._runner = define_ops(self.op_signature, runner)
         self._host, self._backward = self._runner.host, self._runner.backward  # shared with a live twin
         self._op = self.ops.forward
+        if rope is not None and self._runner.versions is None:
+            self._runner.versions = PlacementVersions(
+                functools.partial(_analyzed, text, filename, self.name), manager.passes, rope, compiled_placement,
+                functools.partial(_lower_host, text, filename, self.name))
 
     @property
     def check_page_values(self) -> bool:
@@ -244,7 +271,7 @@ class AttentionFunction:
             # tensor subclasses and torch.compile go through the custom op. A call that
             # drops lse lets the plan skip its allocation (`LaunchPlan.run`).
             want_lse = return_lse or self.returns_lse
-            out, lse = self._forward(args, want_lse)[:2]
+            out, lse = self._runner.infer(args, want_lse)[:2]
             return (out, lse) if want_lse else out
         try:
             out, lse = self._op(*args)[:2]

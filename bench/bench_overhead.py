@@ -8,7 +8,9 @@ B=1, S=128, where a call is host-bound. For each implementation:
 * `host_us` = `wall_us - gpu_us`: what the host adds (issue 7 target: < 30 us for AttnFuse).
 
 Then AttnFuse's compiled variants per kernel (entries in Triton's kernel cache) after
-calls at S in {127, 128, 129, 2048, 2049, 4096} and B in {1, 3} (target: at most 2).
+calls at S in {127, 128, 129, 2048, 2049, 4096} and B in {1, 3} (target: at most 2),
+the kernels of the placement versions that short calls run included
+(`attnfuse.placement_versions`).
 
     python bench/bench_overhead.py [--out overhead.json] [--calls 2000]
 """
@@ -84,10 +86,13 @@ def variants() -> dict[str, int]:
             fn(q, k, k)
     torch.cuda.synchronize()
     device = torch.cuda.current_device()
-    kernels = load_kernels(fn.triton_source, interpret=False)
+    versions = fn._runner.versions  # noqa: SLF001 - the placements run per shape class
+    sources = {"": fn.triton_source} | {
+        f" ({placement} version)": host.source for placement, host in (versions.lowered if versions else {}).items()}
     return {
-        name: len(kernel.device_caches[device][0])
-        for name, kernel in kernels.items()
+        name + suffix: len(kernel.device_caches[device][0])
+        for suffix, source in sources.items()
+        for name, kernel in load_kernels(source, interpret=False).items()
         if device in kernel.device_caches
     }
 

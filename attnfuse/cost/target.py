@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "known_targets", "target_from_profile"]
+__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "known_targets", "target_for_device",
+           "target_from_profile"]
 
 T = 1e12
 G = 1e9
@@ -181,3 +182,12 @@ def get_target(name: str) -> Target:
             f"unknown target '{name}'; known targets: {', '.join(known_targets())}"
         )
     return TARGETS[found]
+
+
+def target_for_device(device_name: str) -> Target | None:
+    """The table's entry for a device as its driver names it (``torch.cuda.get_device_name``:
+    "NVIDIA H200", "NVIDIA H100 80GB HBM3"): the longest target name or alias found in
+    it (case, spaces, ``-`` and ``_`` ignored, so "l40s" wins over "l4"); None when none is."""
+    key = _key(device_name)
+    found = [name for name in _INDEX if name in key]
+    return TARGETS[_INDEX[max(found, key=len)]] if found else None

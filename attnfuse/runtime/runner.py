@@ -4,23 +4,31 @@ A `Runner` holds the host programs (and so the launch plans) of a program's forw
 backward and the checks of its arguments. `attnfuse.compile` builds one per compiled
 program; compiling the same program again while one is alive shares it (see
 `attnfuse.runtime.op.define_ops`).
+
+Calls that record no autograd (`infer`) may run another forward host program per shape
+class: `versions`, when set, names it at the first such call of the class (the
+compile-time side, `attnfuse.placement_versions`, picks the RoPE placement there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from attnfuse.runtime.checks import ArgumentChecker
-from attnfuse.runtime.host import HostProgram, call_signature
+from attnfuse.runtime.host import MAX_PLANS, HostProgram, call_signature
+from attnfuse.runtime.plan import LaunchPlan
+
+Versions = Callable[[Sequence[Any]], HostProgram | None]
+"""The forward host program for the shape class of a call without autograd; None: `Runner.host`."""
 
 
 class Runner:
     """Forward and backward of one compiled program, on converted arguments."""
 
-    __slots__ = ("__weakref__", "backward", "backward_saved", "checker", "grad_of", "host")
+    __slots__ = ("__weakref__", "backward", "backward_saved", "checker", "grad_of", "host", "inference", "versions")
 
     def __init__(self, host: HostProgram, backward: HostProgram | None, checker: ArgumentChecker,
                  grad_of: Sequence[int], backward_saved: HostProgram | None = None) -> None:
@@ -31,6 +39,9 @@ class Runner:
         forward returned for them (their pre-kernel's output)."""
         self.checker = checker
         self.grad_of = tuple(grad_of)
+        self.versions: Versions | None = None
+        self.inference: dict[tuple[Any, ...], LaunchPlan] = {}
+        """The plan of each shape class for calls without autograd (`infer`)."""
 
     def forward(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """The forward host program's results (out, lse, ...) on arguments whose scalars
@@ -45,6 +56,35 @@ class Runner:
             return plan.run(args, lse)
         assert device is not None
         return self.host.build(args, signature, device)
+
+    def infer(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
+        """`forward` for a call that records no autograd and keeps only out and lse (the
+        results of every forward host program): the plan of the call's shape class in
+        the host program `versions` names for it."""
+        signature = call_signature(args)
+        plan = self.inference.get(signature) if signature is not None else None
+        if plan is None:
+            return self._infer_first(args, signature, lse)
+        self.checker.segment_values(args)
+        self.checker.page_values(args)
+        return plan.run(args, lse)
+
+    def _infer_first(self, args: Sequence[Any], signature: tuple[Any, ...] | None, lse: bool) -> list[Any]:
+        device = self.checker.check(args)
+        host = (self.versions(args) if self.versions is not None else None) or self.host
+        self.checker.segment_values(args)
+        self.checker.page_values(args)
+        plan = host.plan(signature)
+        if plan is not None:
+            results = plan.run(args, lse)
+        else:
+            results = host.build(args, signature, device)
+            plan = host.plan(signature)
+        if plan is not None:
+            if len(self.inference) >= MAX_PLANS:
+                self.inference.pop(next(iter(self.inference)), None)
+            self.inference[signature] = plan  # type: ignore[index]
+        return results
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None, *, saved: bool = False) -> list[torch.Tensor | None]:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from attnfuse.cost.target import TARGETS, UnknownTargetError, get_target, known_targets
+from attnfuse.cost.target import TARGETS, UnknownTargetError, get_target, known_targets, target_for_device
 
 REQUIRED = {"a100", "h100-sxm", "h200", "b200", "rtx3090", "rtx4090", "l4", "l40s", "mi300x"}
 
@@ -42,3 +42,14 @@ def test_lookup() -> None:
         get_target("v100")
     with pytest.raises(ValueError, match="no tensor-core rate for f8"):
         get_target("a100").peak_tensor_flops("f8")
+
+
+@pytest.mark.parametrize(("device", "target"), [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA L40S", "l40s"), ("NVIDIA L4", "l4"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
+    ("AMD Instinct MI300X", "mi300x"), ("NVIDIA B200", "b200"), ("Tesla T4", None), ("", None),
+])
+def test_device_names(device: str, target: str | None) -> None:
+    """Driver names map to the table's entry they contain (the longest: L40S is not an L4)."""
+    found = target_for_device(device)
+    assert (found.name if found is not None else None) == target

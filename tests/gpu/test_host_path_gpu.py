@@ -1,8 +1,10 @@
 """The per-call host path on the GPU (runtime/launch.py, runtime/plan.py): direct Gluon
 launches with TMA descriptors kept per address, and buffers reused per plan and stream.
 
-llama3 at S = 256 takes the Hopper forward on an H100 / H200 (K pre-kernel, cos/sin
-table, Gluon forward with three descriptors). Every call below must give the output of
+llama3 at S = 256, compiled `hybrid`, takes the Hopper forward on an H100 / H200 (K
+pre-kernel, cos/sin table, Gluon forward with three descriptors); the placement is
+pinned, since at B = 1, S = 256 the cost model would run `fused` for calls without
+autograd (`attnfuse.placement_versions`). Every call below must give the output of
 the first (JIT) call on the same inputs, bit for bit:
 
 * many live outputs (more addresses than `TMA_CACHE_SIZE`), then freed ones reused;
@@ -19,6 +21,7 @@ import torch
 
 import attnfuse
 from attnfuse import examples
+from attnfuse.passes import DEFAULT_PIPELINE
 from attnfuse.runtime.host import call_signature
 from attnfuse.runtime.launch import TMA_CACHE_SIZE, KernelLaunch
 
@@ -32,7 +35,7 @@ def _inputs(seed: int) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fn() -> attnfuse.AttentionFunction:
-    return attnfuse.compile(examples.path("llama3"))
+    return attnfuse.compile(examples.path("llama3"), pipeline=DEFAULT_PIPELINE.replace("strategy=auto", "strategy=hybrid"))
 
 
 def test_descriptors_follow_the_tensors(fn: attnfuse.AttentionFunction) -> None:
@@ -80,3 +83,23 @@ def test_buffers_per_stream_and_in_a_graph(fn: attnfuse.AttentionFunction) -> No
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)
+
+
+def test_short_calls_without_autograd_run_one_launch() -> None:
+    """With the default `rope-fusion{strategy=auto}` a call at B = 1, S = 128 without
+    autograd runs the `fused` version on an H100 / H200 (the cost model's choice there):
+    one kernel, no K pre-kernel; its output matches the float64 reference."""
+    from attnfuse import reference
+    from attnfuse.runtime.launch import KernelLaunch as Launch
+    from attnfuse.testing import assert_close
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the cost model's choice checked here is an H100 / H200 one")
+    fn = attnfuse.compile(examples.path("llama3"))
+    g = torch.Generator(device="cuda").manual_seed(4)
+    args = [torch.randn(1, h, 128, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (32, 8, 8)]
+    out = fn(*args)
+    plan = fn._runner.inference[call_signature(args)]  # noqa: SLF001
+    assert sum(isinstance(s, Launch) for s in plan.lean) == 1
+    want = reference.run(examples.path("llama3").read_text(), *(a.cpu() for a in args))
+    assert_close(out, want)
