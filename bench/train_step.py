@@ -251,8 +251,9 @@ def train_step(forward: Callable[..., Any], model: torch.nn.Module, optimizer: t
     return loss.detach()
 
 
-def graph_breaks() -> int:
-    return sum(torch._dynamo.utils.counters["graph_break"].values())
+def graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks since the counters were cleared, by reason."""
+    return dict(torch._dynamo.utils.counters["graph_break"])
 
 
 def time_steps(args: argparse.Namespace, impl: str, seq: int) -> dict[str, Any]:
@@ -280,8 +281,12 @@ def time_steps(args: argparse.Namespace, impl: str, seq: int) -> dict[str, Any]:
             print(f"[{impl} S={seq} B={batch}] step {i + 1}/{len(data)} ({phase}): {times[-1] * 1e3:.1f} ms, "
                   f"loss {losses[-1]:.4f}", flush=True)
     step_ms = statistics.median(times[args.warmup:]) * 1e3
+    breaks = graph_breaks()
+    for reason, count in breaks.items():
+        print(f"[{impl} S={seq}] graph break x{count}: {reason}", flush=True)
     return {"step_ms": step_ms, "tokens_per_s": batch * seq / step_ms * 1e3, "peak_gib": peak_gib(device),
-            "first_step_s": times[0], "graph_breaks": graph_breaks(), "losses": losses,
+            "first_step_s": times[0], "graph_breaks": sum(breaks.values()), "graph_break_reasons": breaks,
+            "losses": losses,
             "step_ms_all": [t * 1e3 for t in times]}
 
 

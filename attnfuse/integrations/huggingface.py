@@ -29,7 +29,7 @@ AOTAutograd traces into the program's custom ops, never into the compiler.
 from __future__ import annotations
 
 import functools
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,6 +64,14 @@ class AttentionConfig:
     """The dims a dense mask operand broadcasts over, or None without one."""
     sinks: torch.dtype | None
     dropout: float
+
+    def values(self) -> tuple[Any, ...]:
+        """The fields in order (`AttentionConfig(*values)` is this config). Spelled out
+        rather than `dataclasses.astuple`, which asks of every value whether it is a
+        dataclass: torch 2.11's Dynamo cannot trace that question on a `torch.dtype` and
+        breaks the graph there (once per layer call, run 28)."""
+        return (self.heads, self.kv_heads, self.head_dim, self.v_head_dim, self.dtype, self.scale, self.softcap,
+                self.causal, self.window, self.align, self.bias, self.sinks, self.dropout)
 
     def program(self) -> Program:
         b = attention(self.heads, self.head_dim, kv_heads=self.kv_heads, v_head_dim=self.v_head_dim,
@@ -166,7 +174,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     )
     if config.dropout:
         extra.append(int(torch.randint(0, 2**62, ())))
-    return _attend(query, key, value, tuple(extra), astuple(config)).transpose(1, 2), None
+    return _attend(query, key, value, tuple(extra), config.values()).transpose(1, 2), None
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra: tuple[Any, ...],

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import types
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -65,6 +65,12 @@ class FusedRopeConfig:
     qk_norm_eps: float | None
     """The QK-norm's epsilon, None without one."""
     norm_dtype: torch.dtype | None
+
+    def values(self) -> tuple[Any, ...]:
+        """The fields in order (`FusedRopeConfig(*values)` is this config), spelled out
+        for Dynamo as `AttentionConfig.values` is."""
+        return (self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale, self.rope, self.qk_norm_eps,
+                self.norm_dtype)
 
     def program(self) -> Program:
         b = attention(self.heads, self.head_dim, kv_heads=self.kv_heads, dtype=self.dtype,
@@ -142,7 +148,7 @@ def _fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[to
     config: FusedRopeConfig = replace(self._attnfuse_rope, heads=q.shape[1], kv_heads=k.shape[1], dtype=q.dtype,
                                       norm_dtype=weights[0].dtype if weights else None)
     positions = kwargs["position_ids"].to(torch.int32)
-    out = _attend_fused(q, k, v, positions, weights, astuple(config))
+    out = _attend_fused(q, k, v, positions, weights, config.values())
     return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1)), None
 
 

@@ -173,3 +173,17 @@ def test_errors() -> None:
     gemma = transformers.Gemma2ForCausalLM._from_config(transformers.Gemma2Config(**COMMON))
     with pytest.raises(ValueError, match="fuse_rope: Gemma2ForCausalLM has no attention layer it converts"):
         huggingface_rope.fuse_rope(gemma)
+
+
+def test_configs_pass_through_the_graph_as_their_values() -> None:
+    """The configs cross into the graph-allowed calls as `values()`: every field, in order
+    (a field added to a config and not to its `values` fails here)."""
+    import dataclasses
+
+    plain = huggingface.AttentionConfig(32, 8, 128, 128, torch.bfloat16, None, 50.0, True, 4096, "top_left",
+                                        ("b", "h"), torch.float32, 0.0)
+    fused = huggingface_rope.FusedRopeConfig(32, 8, 128, torch.bfloat16, 0.088, (("theta", 5e5),), 1e-6, torch.float32)
+    for config in (plain, fused):
+        values = config.values()
+        assert values == tuple(getattr(config, f.name) for f in dataclasses.fields(config))
+        assert type(config)(*values) == config

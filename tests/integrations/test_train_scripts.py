@@ -53,7 +53,8 @@ def test_timed_steps(bench: tuple[ModuleType, ModuleType], tmp_path: Path, monke
     assert set(rows) == {"attnfuse", "attnfuse_rope", "sdpa"}
     for row in rows.values():
         assert {"step_ms", "tokens_per_s", "peak_gib", "time_ratio_to_best", "first_step_s", "graph_breaks",
-                "step_ms_all"} <= set(row)
+                "graph_break_reasons", "step_ms_all"} <= set(row)
+        assert row["graph_breaks"] == sum(row["graph_break_reasons"].values())
         assert row["seq"] == 16 and row["batch"] == 2 and _finite(row["losses"]) and len(row["losses"]) == 2
     assert min(row["time_ratio_to_best"] for row in rows.values()) == 1.0
     assert abs(rows["attnfuse"]["losses"][0] - rows["sdpa"]["losses"][0]) < 1e-5
