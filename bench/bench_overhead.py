@@ -7,6 +7,10 @@ B=1, S=128, where a call is host-bound. For each implementation:
 * `gpu_us`: the GPU time of the kernels of one call (from the profiler, summed);
 * `host_us` = `wall_us - gpu_us`: what the host adds (issue 7 target: < 30 us for AttnFuse).
 
+The same for one decode step (B = 1, Sq = 1 against 8192 cached keys; issue 11's serving
+target: < 20 us): AttnFuse on a paged cache (bench/decode.py's program, pages of 16 keys)
+and on a contiguous one, SDPA on the contiguous one.
+
 Then AttnFuse's compiled variants per kernel (entries in Triton's kernel cache) after
 calls at S in {127, 128, 129, 2048, 2049, 4096} and B in {1, 3} (target: at most 2),
 the kernels of the placement versions that short calls run included
@@ -76,6 +80,22 @@ def implementations(batch: int, seq: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+def decode_implementations(kv_len: int = 8192) -> dict[str, Callable[[], Any]]:
+    from decode import PAGED_PROGRAM, PROGRAM, page_cache
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    contiguous = attnfuse.compile(PROGRAM)
+    paged = attnfuse.compile(PAGED_PROGRAM, params={"page": 16})
+    k_cache, v_cache, table, lens = page_cache(k, v, 16, g)
+    return {
+        f"attnfuse decode (paged, Skv={kv_len})": lambda: paged(q, k_cache, v_cache, table, lens),
+        f"attnfuse decode (contiguous, Skv={kv_len})": lambda: contiguous(q, k, v),
+        f"sdpa decode (Skv={kv_len})": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    }
+
+
 def variants() -> dict[str, int]:
     """Compiled variants per AttnFuse kernel after calls at every (B, S)."""
     fn = attnfuse.compile(examples.path("llama3"))
@@ -108,9 +128,12 @@ def main() -> None:
     for name, fn in implementations(1, 128).items():
         wall, gpu = wall_us(fn, args.calls), gpu_us(fn)
         rows.append({"impl": name, "batch": 1, "seq": 128, "wall_us": wall, "gpu_us": gpu, "host_us": wall - gpu})
-    print(f"{'implementation (B=1, S=128)':40} {'wall us':>9} {'gpu us':>9} {'host us':>9}")
+    for name, fn in decode_implementations().items():
+        wall, gpu = wall_us(fn, args.calls), gpu_us(fn)
+        rows.append({"impl": name, "batch": 1, "seq": 1, "wall_us": wall, "gpu_us": gpu, "host_us": wall - gpu})
+    print(f"{'implementation (B=1; S=128 or decode)':44} {'wall us':>9} {'gpu us':>9} {'host us':>9}")
     for r in rows:
-        print(f"{r['impl']:40} {r['wall_us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:9.1f}")
+        print(f"{r['impl']:44} {r['wall_us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:9.1f}")
     counts = variants()
     print(f"\ncompiled variants per kernel, S in {LENGTHS}, B in {BATCHES}:")
     for name, count in counts.items():
