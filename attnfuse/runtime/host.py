@@ -57,6 +57,16 @@ from attnfuse.dialects.host import (
 )
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.build import (
+    Build,
+    Instruction,
+    alloc_step,
+    convert_step,
+    reduce_step,
+    scalar_instruction,
+    step_instruction,
+    tma_unready_reason,
+)
 from attnfuse.runtime.plan import SCRATCH_BYTES, LaunchPlan, Scratch, Slots, Step
 
 logger = logging.getLogger(__name__)
@@ -150,7 +160,11 @@ class HostProgram:
             tuple(a.value.data for a in band.data) if isinstance(band, ArrayAttr) else None)  # type: ignore[attr-defined]
         self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
         self._tables: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._loaded: dict[bool, Mapping[str, Any]] = {}
         self._lock = threading.Lock()
+        self._instructions = [self._instruction(op) for op in self.ops[:-1]]
+        self._launch_buffers = {index for value, index in slots.items() if _launch_buffer(value)}
+        """The slots that may be scratch (see `_plan`)."""
 
     # ------------------------------------------------------------------ calling
 
@@ -257,76 +271,23 @@ class HostProgram:
     def _build(self, args: Sequence[Any], device: torch.device) -> tuple[LaunchPlan, list[Any]]:
         """Run once, generically, recording the steps a later call of the same shape
         class needs (static values are computed here and baked into the steps)."""
-        from attnfuse.runtime.loader import load_kernels
-
-        kernels = load_kernels(self.source, interpret=device.type == "cpu")
-        slots: Slots = [*args, *([None] * (len(self.slots) - self.n_args))]
-        static: set[int] = set()
-        kept: dict[int, Any] = {}
-        steps: list[Step] = []
-        for op in self.ops:
-            if isinstance(op, func.ReturnOp):
-                break
-            if isinstance(op, _GUARDED) and op.cond is not None and (
-                    bool(slots[self.slots[op.cond]]) == (op.unless is not None)):
-                continue  # a guarded op on the path this shape class does not take
-            out = self.slots[op.results[0]] if op.results else -1
-            step: Step | None = None
-            if isinstance(op, DimOp):
-                slots[out] = int(slots[self.slots[op.source]].shape[op.index.value.data])
-                static.add(out)
-            elif isinstance(op, arith.ConstantOp):
-                if isinstance(op.value, IntegerAttr):
-                    slots[out] = op.value.value.data
-                else:
-                    slots[out] = kept[out] = self._table(op, device)
-                static.add(out)
-            elif isinstance(op, SmCountOp):
-                slots[out] = sm_count(device)
-                static.add(out)
-            elif isinstance(op, KeepsResultsOp):
-                slots[out] = 1  # the first call of a shape class returns every result
-            elif (fn := _scalar_fn(op)) is not None:
-                step = self._int_step(fn, op, out, slots, static)
-            elif isinstance(op, AllocOp):
-                step = self._alloc_step(op, out, slots, device)
-                step(slots)
-                if slots[out].numel() == 0 and out not in self.returns:  # no data: one buffer serves every call
-                    kept[out] = slots[out]
-                    static.add(out)
-                else:
-                    steps.append(step)
-                continue
-            elif isinstance(op, TmaReadyOp):
-                slots[out] = self._tma_ready(op, slots, device)
-                static.add(out)
-            elif isinstance(op, LaunchOp):
-                step = self._launch_step(op, slots, static, kernels, device)
-                if op in self.cached_launches:
-                    if step is not None:
-                        step(slots)  # runs once; its buffers stay with the plan
-                    for a in op.args:
-                        index = self.slots[a]
-                        if isinstance(a.type, TensorType) and index not in static:
-                            static.add(index)
-                            kept[index] = slots[index]
-                    steps = [s for s in steps if getattr(s, "out", None) not in kept]
-                    continue
-            elif isinstance(op, ReduceSumOp):
-                step = _reduce_step(op, out, self.slots[op.input])
-            elif isinstance(op, ConvertOp):
-                ty = op.result.type
-                assert isinstance(ty, TensorType)
-                step = _convert_step(out, self.slots[op.input], torch_dtype(ty.element_type))
-            else:
-                raise TypeError(f"the runtime cannot execute host op {op.name}")
-            if step is not None:
-                step(slots)
-                steps.append(step)
+        state = Build([*args, *([None] * (len(self.slots) - self.n_args))], device, self._kernels(device))
+        for instruction in self._instructions:
+            instruction(state)
         blank: Slots = [None] * (len(self.slots) - self.n_args)
-        for index, value in kept.items():
+        for index, value in state.kept.items():
             blank[index - self.n_args] = value
-        return self._plan(device, blank, steps, slots), [slots[i] for i in self.returns]
+        return self._plan(device, blank, state.steps, state.slots), [state.slots[i] for i in self.returns]
+
+    def _kernels(self, device: torch.device) -> Mapping[str, Any]:
+        """The program's kernels for `device`: compiled, or interpreted on the CPU."""
+        interpret = device.type == "cpu"
+        found = self._loaded.get(interpret)
+        if found is None:
+            from attnfuse.runtime.loader import load_kernels
+
+            found = self._loaded[interpret] = load_kernels(self.source, interpret=interpret)
+        return found
 
     def _plan(self, device: torch.device, blank: Slots, steps: list[Step], slots: Slots) -> LaunchPlan:
         """The plan of `steps`, with the buffers they allocate that qualify as scratch
@@ -334,7 +295,6 @@ class HostProgram:
         or returned after result 0 (then only for calls that drop those results: the lse
         and the saved transforms of a forward); in program order while they total at
         most `SCRATCH_BYTES`."""
-        values = {index: value for value, index in self.slots.items()}
         droppable = {r for r in self.returns[1:] if self.returns.count(r) == 1 and r != self.returns[0]}
         internal: list[Step] = []
         dropped: list[Step] = []
@@ -344,7 +304,7 @@ class HostProgram:
             if out is None or (out in self.returns and out not in droppable):
                 continue
             nbytes = slots[out].numel() * slots[out].element_size()
-            if not _launch_buffer(values[out]) or size + nbytes > SCRATCH_BYTES:
+            if out not in self._launch_buffers or size + nbytes > SCRATCH_BYTES:
                 continue
             size += nbytes
             (dropped if out in droppable else internal).append(step)
@@ -355,88 +315,135 @@ class HostProgram:
         return LaunchPlan(device, blank, steps, self.returns, scratch, reusing, [s for s in reusing if s not in dropped],
                           keeps=self.keeps)
 
-    def _int_step(self, fn: Callable[..., int], op: Operation, out: int, slots: Slots,
-                  static: set[int]) -> Step | None:
-        operands = tuple(self.slots[o] for o in op.operands)
-        if all(i in static for i in operands):
-            slots[out] = fn(*(slots[i] for i in operands))
-            static.add(out)
-            return None
-        const = {i: slots[i] for i in operands if i in static}
+    # ------------------------------------------------------------------ instructions
 
-        def int_op(s: Slots) -> None:
-            s[out] = fn(*(const.get(i, s[i]) for i in operands))
+    def _instruction(self, op: Operation) -> Instruction:
+        """What building a plan does for `op`, with everything read from the IR here, once
+        (`_build` runs these on every new shape class)."""
+        out = self.slots[op.results[0]] if op.results else -1
+        run = self._unguarded(op, out)
+        if not isinstance(op, _GUARDED) or op.cond is None:
+            return run
+        cond, skip_when = self.slots[op.cond], op.unless is not None
 
-        return int_op
+        def guarded(state: Build) -> None:
+            if bool(state.slots[cond]) != skip_when:  # else: a path this shape class does not take
+                run(state)
 
-    def _alloc_step(self, op: AllocOp, out: int, slots: Slots, device: torch.device) -> Step:
+        return guarded
+
+    def _unguarded(self, op: Operation, out: int) -> Instruction:
+        if isinstance(op, DimOp):
+            source, index = self.slots[op.source], op.index.value.data
+            return lambda state: state.static_value(out, int(state.slots[source].shape[index]))
+        if isinstance(op, arith.ConstantOp):
+            if isinstance(op.value, IntegerAttr):
+                value = op.value.value.data
+                return lambda state: state.static_value(out, value)
+            return lambda state: state.keep(out, self._table(op, state.device))
+        if isinstance(op, SmCountOp):
+            return lambda state: state.static_value(out, sm_count(state.device))
+        if isinstance(op, KeepsResultsOp):
+            return lambda state: state.slots.__setitem__(out, 1)  # a first call returns every result
+        if (fn := _scalar_fn(op)) is not None:
+            return scalar_instruction(fn, tuple(self.slots[o] for o in op.operands), out)
+        if isinstance(op, AllocOp):
+            return self._alloc_instruction(op, out)
+        if isinstance(op, TmaReadyOp):
+            tensors, arch, rows = [self.slots[t] for t in op.tensors], op.arch.value.data, op.rows.value.data
+
+            def tma_ready(state: Build) -> None:
+                reason = tma_unready_reason([state.slots[t] for t in tensors], state.device, arch, rows)
+                if reason is not None:
+                    logger.debug("@%s: TMA kernels not used for this shape class: %s", self.name, reason)
+                state.static_value(out, reason is None)
+
+            return tma_ready
+        if isinstance(op, LaunchOp):
+            return self._launch_instruction(op)
+        if isinstance(op, ReduceSumOp):
+            return step_instruction(reduce_step(op, out, self.slots[op.input]))
+        if isinstance(op, ConvertOp):
+            ty = op.result.type
+            assert isinstance(ty, TensorType)
+            return step_instruction(convert_step(out, self.slots[op.input], torch_dtype(ty.element_type)))
+        raise TypeError(f"the runtime cannot execute host op {op.name}")
+
+    def _alloc_instruction(self, op: AllocOp, out: int) -> Instruction:
         ty = op.result.type
         assert isinstance(ty, TensorType)
-        sizes = iter(slots[self.slots[s]] for s in op.sizes)
-        shape = tuple(next(sizes) if d < 0 else d for d in ty.get_shape())
+        dims, sizes = ty.get_shape(), [self.slots[s] for s in op.sizes]
         dtype = torch_dtype(ty.element_type)
         make = torch.zeros if op.zero is not None else torch.empty
         order = op.dim_order()
-        if order is not None:  # allocate in memory order, then view in the type's dim order
-            stored = tuple(shape[d] for d in order)
-            inverse = tuple(order.index(d) for d in range(len(order)))
+        returned = out in self.returns
 
-            def alloc_ordered(s: Slots) -> None:
-                s[out] = make(stored, dtype=dtype, device=device).permute(inverse)
+        def alloc_instruction(state: Build) -> None:
+            given = iter(state.slots[i] for i in sizes)
+            step = alloc_step(out, tuple(next(given) if d < 0 else d for d in dims), dtype, make, order, state.device)
+            step(state.slots)
+            if state.slots[out].numel() == 0 and not returned:  # no data: one buffer serves every call
+                state.keep(out, state.slots[out])
+            else:
+                state.steps.append(step)
 
-            alloc_ordered.out = out  # type: ignore[attr-defined]
-            return alloc_ordered
+        return alloc_instruction
 
-        def alloc(s: Slots) -> None:
-            s[out] = make(shape, dtype=dtype, device=device)
-
-        alloc.out = out  # type: ignore[attr-defined]
-        return alloc
-
-    def _tma_ready(self, op: TmaReadyOp, slots: Slots, device: torch.device) -> bool:
-        """`host.tma_ready` of this shape class (logged at debug level when false)."""
-        reason = tma_unready_reason(
-            [slots[self.slots[t]] for t in op.tensors], device, op.arch.value.data, op.rows.value.data)
-        if reason is not None:
-            logger.debug("@%s: TMA kernels not used for this shape class: %s", self.name, reason)
-        return reason is None
-
-    def _launch_step(self, op: LaunchOp, slots: Slots, static: set[int], kernels: Mapping[str, Any],
-                     device: torch.device) -> KernelLaunch | None:
-        """The one place where a launch's argument list is built (see `KernelLaunch`);
-        None for an empty grid, which launches nothing."""
+    def _launch_instruction(self, op: LaunchOp) -> Instruction:
+        """The one place where a launch's argument list is built (see `KernelLaunch`); a
+        zero grid launches nothing and leaves no step."""
         name = op.kernel.root_reference.data
         meta = self.metadata[name]
-        grid = tuple(int(slots[self.slots[g]]) for g in (op.grid_x, op.grid_y, op.grid_z))
-        template: list[Any] = []
-        fill: list[tuple[int, int]] = []
-        descriptors: list[tuple[int, int, tuple[int, ...]]] = []
+        grid_slots = [self.slots[g] for g in (op.grid_x, op.grid_y, op.grid_z)]
         arg_names = iter(meta.arg_names)
+        args: list[tuple[int, str, str, bool]] = []  # slot, kernel argument name, what it is, a descriptor
         for value in op.args:
-            index = self.slots[value]
-            arg = slots[index]
             arg_name = next(arg_names)
-            if isinstance(arg, torch.Tensor):
-                where = self._describe(value)
-                if arg.device != device:
-                    raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
-            if isinstance(arg, torch.Tensor) and arg_name in meta.tma:
-                descriptors.append((len(template), index, meta.tma[arg_name]))
-                template.append(None)
-            elif isinstance(arg, torch.Tensor):
-                for _ in arg.shape:
+            tensor = isinstance(value.type, TensorType)
+            descriptor = tensor and arg_name in meta.tma
+            if tensor and not descriptor:
+                for _ in value.type.get_shape():  # type: ignore[attr-defined]
                     next(arg_names)
-                check_int32_layout(arg, where)
+            args.append((self.slots[value], arg_name, self._describe(value), descriptor))
+        cached = op in self.cached_launches
+        tensor_slots = [self.slots[a] for a in op.args if isinstance(a.type, TensorType)]
+
+        def launch_instruction(state: Build) -> None:
+            slots, static, device = state.slots, state.static, state.device
+            grid = tuple(int(slots[g]) for g in grid_slots)
+            template: list[Any] = []
+            fill: list[tuple[int, int]] = []
+            descriptors: list[tuple[int, int, tuple[int, ...]]] = []
+            for index, arg_name, where, descriptor in args:
+                arg = slots[index]
+                if isinstance(arg, torch.Tensor) and arg.device != device:
+                    raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
+                if descriptor:
+                    descriptors.append((len(template), index, meta.tma[arg_name]))
+                    template.append(None)
+                    continue
+                if isinstance(arg, torch.Tensor):
+                    check_int32_layout(arg, where)
                 if index not in static:
                     fill.append((len(template), index))
                 template.append(arg if index in static else None)
-                template.extend(0 if size == 1 else stride for size, stride in zip(arg.shape, arg.stride()))
-            else:
+                if isinstance(arg, torch.Tensor):
+                    template.extend(0 if size == 1 else stride for size, stride in zip(arg.shape, arg.stride()))
+            step = (KernelLaunch(state.kernels[name], meta, grid, template, tuple(fill), device, tuple(descriptors))
+                    if 0 not in grid else None)
+            if not cached:
+                if step is not None:
+                    step(slots)
+                    state.steps.append(step)
+                return
+            if step is not None:
+                step(slots)  # runs once; its buffers stay with the plan
+            for index in tensor_slots:
                 if index not in static:
-                    fill.append((len(template), index))
-                template.append(arg if index in static else None)
-        launch = KernelLaunch(kernels[name], meta, grid, template, tuple(fill), device, tuple(descriptors))
-        return launch if 0 not in grid else None
+                    state.keep(index, slots[index])
+            state.steps = [s for s in state.steps if getattr(s, "out", None) not in state.kept]
+
+        return launch_instruction
 
     def _describe(self, value: SSAValue) -> str:
         index = self.slots[value]
@@ -445,41 +452,9 @@ class HostProgram:
         return f"buffer '{value.name_hint or index}' of @{self.name}"
 
 
-def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int) -> str | None:
-    """Why a call cannot use TMA kernels (see `host.tma_ready`), or None."""
-    if device.type != "cuda":
-        return f"device {device}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if major != arch:
-        return f"compute capability {major}.{minor}"
-    for n, t in enumerate(tensors):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            return f"operand {n} is not contiguous and 16-byte aligned"
-        if t.shape[2] % rows:
-            return f"operand {n} has length {t.shape[2]}, not a multiple of {rows}"
-    return None
-
-
 def _launch_buffer(value: SSAValue) -> bool:
     """Whether `value` is an uninitialized `host.alloc` that only launches, shape-only
     ops (`host.dim`, `host.tma_ready`) and the return use."""
     owner = value.owner
     return isinstance(owner, AllocOp) and owner.zero is None and all(
         isinstance(use.operation, (LaunchOp, DimOp, TmaReadyOp, func.ReturnOp)) for use in value.uses)
-
-
-def _reduce_step(op: ReduceSumOp, out: int, source: int) -> Step:
-    dims = tuple(op.dims.get_values())
-    keepdim = op.keepdim is not None
-
-    def reduce(s: Slots) -> None:
-        s[out] = s[source].sum(dim=dims, keepdim=keepdim, dtype=torch.float32)
-
-    return reduce
-
-
-def _convert_step(out: int, source: int, dtype: torch.dtype) -> Step:
-    def convert(s: Slots) -> None:
-        s[out] = s[source].to(dtype)
-
-    return convert

@@ -31,7 +31,7 @@ from attnfuse.dialects.host import LaunchOp, TmaReadyOp
 from attnfuse.dialects.tile_builder import TileBuilder
 from attnfuse.dialects.tile_compute import ConvertOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.runtime.host import tma_unready_reason
+from attnfuse.runtime.build import tma_unready_reason
 from xdsl.dialects.builtin import ModuleOp, TensorType, f32
 from xdsl.utils.exceptions import VerifyException
 
