@@ -9,7 +9,10 @@ B=1, S=128, where a call is host-bound. For each implementation:
 
 The same for one decode step (B = 1, Sq = 1 against 8192 cached keys; issue 11's serving
 target: < 20 us): AttnFuse on a paged cache (bench/decode.py's program, pages of 16 keys)
-and on a contiguous one, SDPA on the contiguous one.
+and on a contiguous one, SDPA on the contiguous one. Then a decode loop whose cache grows
+by one key per call (views of one preallocated cache, 8192 keys and up): every call is a
+new shape class, so AttnFuse builds a launch plan each time; median wall time per
+synchronized call against SDPA's.
 
 Then AttnFuse's compiled variants per kernel (entries in Triton's kernel cache) after
 calls at S in {127, 128, 129, 2048, 2049, 4096} and B in {1, 3} (target: at most 2),
@@ -96,6 +99,30 @@ def decode_implementations(kv_len: int = 8192) -> dict[str, Callable[[], Any]]:
     }
 
 
+def growing_cache_us(steps: int = 200, start: int = 8192) -> dict[str, float]:
+    """Median wall us per synchronized decode call, the cache one key longer each call."""
+    from decode import PROGRAM
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, HKV, start + steps, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    fn = attnfuse.compile(PROGRAM)
+    impls = {"attnfuse (new shape class per call)": lambda n: fn(q, k[:, :, :n], v[:, :, :n]),
+             "sdpa": lambda n: F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True)}
+    result = {}
+    for name, call in impls.items():
+        call(start - 1)  # compile / warm up
+        torch.cuda.synchronize()
+        times = []
+        for n in range(start, start + steps):
+            begin = time.perf_counter()
+            call(n)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - begin) * 1e6)
+        result[name] = sorted(times)[len(times) // 2]
+    return result
+
+
 def variants() -> dict[str, int]:
     """Compiled variants per AttnFuse kernel after calls at every (B, S)."""
     fn = attnfuse.compile(examples.path("llama3"))
@@ -134,11 +161,15 @@ def main() -> None:
     print(f"{'implementation (B=1; S=128 or decode)':44} {'wall us':>9} {'gpu us':>9} {'host us':>9}")
     for r in rows:
         print(f"{r['impl']:44} {r['wall_us']:9.1f} {r['gpu_us']:9.1f} {r['host_us']:9.1f}")
+    growing = growing_cache_us()
+    print("\ndecode, cache growing by one key per call (median wall us, synchronized):")
+    for name, us in growing.items():
+        print(f"  {name:40} {us:9.1f}")
     counts = variants()
     print(f"\ncompiled variants per kernel, S in {LENGTHS}, B in {BATCHES}:")
     for name, count in counts.items():
         print(f"  {name:40} {count}")
-    result = {"device": torch.cuda.get_device_name(), "overhead": rows, "variants": counts,
+    result = {"device": torch.cuda.get_device_name(), "overhead": rows, "growing_cache_us": growing, "variants": counts,
               "lengths": LENGTHS, "batches": BATCHES}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
