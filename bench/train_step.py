@@ -280,14 +280,30 @@ def time_steps(args: argparse.Namespace, impl: str, seq: int) -> dict[str, Any]:
             phase = "warmup" if i < args.warmup else "timed"
             print(f"[{impl} S={seq} B={batch}] step {i + 1}/{len(data)} ({phase}): {times[-1] * 1e3:.1f} ms, "
                   f"loss {losses[-1]:.4f}", flush=True)
+        kernels = attention_kernels(lambda: train_step(forward, model, optimizer, data[-1])) \
+            if device.type == "cuda" and impl.startswith("attnfuse") else []
+    if kernels:
+        print(f"[{impl} S={seq}] AttnFuse kernels of one more step: {', '.join(kernels)}", flush=True)
     step_ms = statistics.median(times[args.warmup:]) * 1e3
     breaks = graph_breaks()
     for reason, count in breaks.items():
         print(f"[{impl} S={seq}] graph break x{count}: {reason}", flush=True)
     return {"step_ms": step_ms, "tokens_per_s": batch * seq / step_ms * 1e3, "peak_gib": peak_gib(device),
             "first_step_s": times[0], "graph_breaks": sum(breaks.values()), "graph_break_reasons": breaks,
-            "losses": losses,
+            "losses": losses, "attnfuse_kernels": kernels,
             "step_ms_all": [t * 1e3 for t in times]}
+
+
+def attention_kernels(step: Callable[[], Any]) -> list[str]:
+    """The GPU kernels of the Hugging Face backends' programs (`hf_attention`,
+    `hf_rope_attention`) that one more step runs, from the profiler: which of the Hopper
+    (`*_ws`) and Triton kernels the calls took."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages() if e.key.startswith("hf_")})
 
 
 def rank(rows: list[dict[str, Any]]) -> None:

@@ -53,7 +53,7 @@ def test_timed_steps(bench: tuple[ModuleType, ModuleType], tmp_path: Path, monke
     assert set(rows) == {"attnfuse", "attnfuse_rope", "sdpa"}
     for row in rows.values():
         assert {"step_ms", "tokens_per_s", "peak_gib", "time_ratio_to_best", "first_step_s", "graph_breaks",
-                "graph_break_reasons", "step_ms_all"} <= set(row)
+                "graph_break_reasons", "attnfuse_kernels", "step_ms_all"} <= set(row)
         assert row["graph_breaks"] == sum(row["graph_break_reasons"].values())
         assert row["seq"] == 16 and row["batch"] == 2 and _finite(row["losses"]) and len(row["losses"]) == 2
     assert min(row["time_ratio_to_best"] for row in rows.values()) == 1.0
