@@ -27,11 +27,11 @@ from attnfuse.dialects.attn import BiasOp, OnlineSoftmaxOp, QKNormOp, RopeOp, Ti
 from attnfuse.dialects.host import DimOp
 from attnfuse.lowering.backward import (
     BackwardSpec,
-    DkvKernel,
     DkvOptions,
     DqKernel,
     GradBuffers,
 )
+from attnfuse.lowering.backward_dkv import DkvKernel
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardSpec
 from attnfuse.lowering.hopper_backward import BLOCK_M as HOPPER_BLOCK_M

@@ -50,7 +50,8 @@ from attnfuse.backends.triton.metadata import tl_dtype
 from attnfuse.dialects.attn import BiasOp, MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TmaReadyOp
 from attnfuse.dialects.tile_hopper import FuncOp, KernelOp, TmaDescType
-from attnfuse.lowering.backward import q_walk, rotate_back
+from attnfuse.lowering.backward import rotate_back
+from attnfuse.lowering.backward_dkv import q_walk
 from attnfuse.lowering.block_map import map_arguments, map_counts, map_entry, map_per_head
 from attnfuse.lowering.forward import LOG2E, BlockMap
 from attnfuse.lowering.hopper_backward_template import TEMPLATE

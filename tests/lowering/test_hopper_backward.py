@@ -233,7 +233,7 @@ def test_cpu_calls_run_the_triton_kernels(name: str, q_len: int, kv_len: int) ->
 
 
 def _walk(n: int, band: tuple[int | None, int | None], q_len: int, kv_len: int, bottom_right: bool) -> list[int]:
-    """The q tiles (first rows) of key block n, as `backward.q_walk` and the kernel's
+    """The q tiles (first rows) of key block n, as `backward_dkv.q_walk` and the kernel's
     `_range` function compute them (64-row tiles, 128-key blocks)."""
     lower, upper = band
     n_start, diag = n * 128, (kv_len - q_len if bottom_right else 0)
