@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,6 +64,8 @@ class PlacementVersions:
         self._devices: dict[int, Target | None] = {}
         self.lowered: dict[str, HostProgram] = {}
         """The forward host program of each placement lowered so far."""
+        self.failed: set[str] = set()
+        """Placements whose lowering failed (not tried again)."""
 
     @staticmethod
     def applies(program: AttentionProgram, passes: Sequence[ModulePass]) -> RopeFusionPass | None:
@@ -103,14 +106,24 @@ class PlacementVersions:
         choice = self.placement(target, q.shape[0], q.shape[2])
         return None if choice == self.compiled else self.version(choice)
 
-    def version(self, placement: str) -> HostProgram:
-        """The forward host program of the program lowered with `placement`."""
+    def version(self, placement: str) -> HostProgram | None:
+        """The forward host program of the program lowered with `placement`; None (and a
+        warning, once) when that lowering fails: the calls keep the compiled placement."""
         with self._lock:
+            if placement in self.failed:
+                return None
             found = self.lowered.get(placement)
             if found is None:
                 passes = [dataclasses.replace(p, strategy=placement) if isinstance(p, RopeFusionPass) else p
                           for p in self.passes]
-                found = self.lowered[placement] = self._lower(passes)
+                try:
+                    found = self.lowered[placement] = self._lower(passes)
+                except Exception as e:  # noqa: BLE001 - an optional version: the compiled one still runs
+                    self.failed.add(placement)
+                    warnings.warn(f"attnfuse: lowering the '{placement}' placement for short calls failed "
+                                  f"({type(e).__name__}: {e}); calls keep the compiled '{self.compiled}'",
+                                  RuntimeWarning, stacklevel=2)
+                    return None
             return found
 
     def _device_target(self, device: torch.device) -> Target | None:

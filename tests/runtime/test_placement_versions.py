@@ -7,6 +7,8 @@ interpreter against the float64 reference. Calls that record autograd keep `hybr
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -93,3 +95,26 @@ def test_no_versions_where_the_placement_is_fixed() -> None:
     untargeted = attnfuse.compile(SMALL.replace("@versions", "@untargeted"))
     assert untargeted._runner.versions is not None  # noqa: SLF001
     assert untargeted._runner.versions(_inputs(1, 40, 0)) is None  # on the CPU no device target  # noqa: SLF001
+
+
+def test_a_version_that_fails_to_lower_leaves_the_compiled_placement() -> None:
+    """An optional version whose lowering fails warns once and the call runs the compiled
+    placement (right numbers, the K pre-kernel and the kernel)."""
+    fn = attnfuse.compile(SMALL.replace("@versions", "@failing"), target="h200")
+    versions = fn._runner.versions  # noqa: SLF001
+    assert versions is not None
+
+    def broken(passes: object) -> None:
+        raise RuntimeError("no lowering today")
+
+    versions._lower = broken  # noqa: SLF001
+    args = _inputs(1, 24, 5)
+    with pytest.warns(RuntimeWarning, match="lowering the 'fused' placement for short calls failed.*no lowering today"):
+        out = fn(*args)
+    assert_close(out, reference.run(SMALL.replace("@versions", "@failing"), *args))
+    plan = fn._runner.inference[call_signature(args)]  # noqa: SLF001
+    assert _launches(plan.steps) == 2 and versions.failed == {"fused"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert versions(_inputs(1, 32, 6)) is None  # not tried again
+    assert not caught
