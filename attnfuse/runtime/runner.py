@@ -12,6 +12,7 @@ compile-time side, `attnfuse.placement_versions`, picks the RoPE placement there
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,7 +29,8 @@ Versions = Callable[[Sequence[Any]], HostProgram | None]
 class Runner:
     """Forward and backward of one compiled program, on converted arguments."""
 
-    __slots__ = ("__weakref__", "backward", "backward_saved", "checker", "grad_of", "host", "inference", "versions")
+    __slots__ = ("__weakref__", "_lock", "backward", "backward_saved", "checker", "grad_of", "host", "inference",
+                 "versions")
 
     def __init__(self, host: HostProgram, backward: HostProgram | None, checker: ArgumentChecker,
                  grad_of: Sequence[int], backward_saved: HostProgram | None = None) -> None:
@@ -42,6 +44,7 @@ class Runner:
         self.versions: Versions | None = None
         self.inference: dict[tuple[Any, ...], LaunchPlan] = {}
         """The plan of each shape class for calls without autograd (`infer`)."""
+        self._lock = threading.Lock()
 
     def forward(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """The forward host program's results (out, lse, ...) on arguments whose scalars
@@ -81,9 +84,10 @@ class Runner:
             results = host.build(args, signature, device)
             plan = host.plan(signature)
         if plan is not None:
-            if len(self.inference) >= MAX_PLANS:
-                self.inference.pop(next(iter(self.inference)), None)
-            self.inference[signature] = plan  # type: ignore[index]
+            with self._lock:
+                if len(self.inference) >= MAX_PLANS:
+                    self.inference.pop(next(iter(self.inference)), None)
+                self.inference[signature] = plan  # type: ignore[index]
         return results
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
