@@ -7,6 +7,10 @@ a random upstream gradient of both the output and the lse, runs the same loss th
 `attnfuse.reference` in float64, and compares
 
 * the output and the lse with `attnfuse.testing.assert_close` (the dtype's tolerance),
+  or, for an output beyond it, within 8 times the error that perturbing every input by
+  the dtype's rounding unit causes in the float64 reference (`_forward_bound`: a program
+  whose logits are large, e.g. unscaled scores after a QK-norm, is ill-conditioned in
+  f16, and every implementation in that dtype errs that much; seed 2026 found one),
 * the gradient of q, k, v and of every learnable operand (norm weights, ALiBi slopes,
   bias tensors, sinks) with `attnfuse.testing.GRAD_TOLERANCE`, relative to the largest
   reference entry, floored at `GRAD_SCALE_FLOOR` (masks such as a one-key window make
@@ -121,6 +125,22 @@ def _reference_grads(
     return grads
 
 
+def _forward_bound(case: Case, args: Sequence[Any], want: torch.Tensor, dtype: torch.dtype, seed: int) -> float:
+    """8 times the largest output error of the float64 reference when every float input is
+    multiplied by (1 + eps/2 N(0, 1)), eps the rounding unit of `dtype` (the smallest of
+    three draws: the bound is what rounding the inputs alone does)."""
+    gen = torch.Generator().manual_seed(seed + 2)
+    eps = torch.finfo(dtype).eps / 2
+    errors = []
+    for _ in range(3):
+        jittered = [a.double() * (1.0 + eps * torch.randn(a.shape, generator=gen, dtype=torch.float64))
+                    if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        got = reference.run(case.program.text, *jittered)
+        got = got[0] if isinstance(got, tuple) else got
+        errors.append(float((got - want).abs().max()))
+    return 8 * min(errors)
+
+
 def check_case(case: Case, strategy: str, seed: int) -> int:
     """Compile and compare one case under one strategy; returns the number of tensors
     compared. Raises AssertionError (or the compiler's error) on a mismatch.
@@ -147,7 +167,14 @@ def check_case(case: Case, strategy: str, seed: int) -> int:
     want_out = want[0] if isinstance(want, tuple) else want
     want_lse = want[1] if isinstance(want, tuple) else reference_lse(program, args)
     assert out.dtype == dtype, f"output dtype {out.dtype}"
-    assert_close(out, want_out)
+    try:
+        assert_close(out, want_out)
+    except AssertionError:
+        err = float((out.detach().double() - want_out).abs().max())
+        bound = _forward_bound(case, args, want_out, dtype, seed)
+        if not err <= bound:
+            raise AssertionError(f"output: max error {err:.3e} beyond the tolerance and 8x the error of the "
+                                 f"reference on inputs perturbed by the {dtype} rounding unit ({bound:.3e})") from None
     assert_close(lse, want_lse, dtype)
     if case.forward_only:
         return 2
