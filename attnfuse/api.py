@@ -267,9 +267,11 @@ class AttentionFunction:
             raise RuntimeError(f"@{self.name} has no gradient: {self.op_signature.no_backward}")
         if not needs_grad and plain and not torch.compiler.is_compiling():
             # Eager inference on plain tensors: the launch plan directly, without the
-            # dispatcher's cost (about 28 us per call); autograd, fake/meta tensors,
-            # tensor subclasses and torch.compile go through the custom op. A call that
-            # drops lse lets the plan skip its allocation (`LaunchPlan.run`).
+            # dispatcher's cost (about 28 us per call), in the RoPE placement the cost
+            # model picks for the shape class (`Runner.infer`, `placement_versions`);
+            # autograd, fake/meta tensors, tensor subclasses and torch.compile go through
+            # the custom op. A call that drops lse lets the plan skip its allocation
+            # (`LaunchPlan.run`).
             want_lse = return_lse or self.returns_lse
             out, lse = self._runner.infer(args, want_lse)[:2]
             return (out, lse) if want_lse else out
