@@ -218,8 +218,8 @@ class AttentionFunction:
         self._op = self.ops.forward
         if rope is not None and self._runner.versions is None:
             self._runner.versions = PlacementVersions(
-                functools.partial(_analyzed, text, filename, self.name), manager.passes, rope, compiled_placement,
-                functools.partial(_lower_host, text, filename, self.name))
+                functools.partial(_analyzed, text, filename, self.name), (analyzed.q.arg_index, analyzed.k.arg_index),
+                manager.passes, rope, compiled_placement, functools.partial(_lower_host, text, filename, self.name))
 
     @property
     def check_page_values(self) -> bool:

@@ -50,10 +50,13 @@ class PlacementVersions:
     module docstring); call it with a call's arguments: another placement's host
     program, or None to keep the compiled one."""
 
-    def __init__(self, program: Callable[[], AttentionProgram], passes: Sequence[ModulePass],
+    def __init__(self, program: Callable[[], AttentionProgram], qk: tuple[int, int], passes: Sequence[ModulePass],
                  rope: RopeFusionPass, compiled: str, lower: Lower) -> None:
         self._program_of = program
         self._program: AttentionProgram | None = None
+        """The program, parsed anew at the first call the model is asked about."""
+        self.qk = qk
+        """The argument indices of q and k."""
         self.passes = tuple(passes)
         self.target = get_target(rope.target) if rope.target is not None else None
         """The compile's target; None: the device's (`target_for_device`)."""
@@ -92,10 +95,7 @@ class PlacementVersions:
         return model.choose(shape_of(self._program, seq_len, batch, target=target), target)
 
     def __call__(self, args: Sequence[Any]) -> HostProgram | None:
-        if self._program is None:
-            self._program = self._program_of()
-        program = self._program
-        q, k = args[program.q.arg_index], args[program.k.arg_index]
+        q, k = args[self.qk[0]], args[self.qk[1]]
         if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() != 4 or k.dim() != 4:
             return None
         if q.shape[2] != k.shape[2] or q.shape[0] < 1 or q.shape[2] < 1:
