@@ -94,18 +94,21 @@ def alloc_step(out: int, shape: tuple[int, ...], dtype: torch.dtype, make: Calla
     return alloc
 
 
-def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int) -> str | None:
-    """Why a call cannot use TMA kernels (see `host.tma_ready`), or None."""
+def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int,
+                       names: Sequence[str] = ()) -> str | None:
+    """Why a call cannot use TMA kernels (see `host.tma_ready`), or None; `names` say
+    what each tensor is (else "operand N")."""
     if device.type != "cuda":
         return f"device {device}"
     major, minor = torch.cuda.get_device_capability(device)
     if major != arch:
         return f"compute capability {major}.{minor}"
     for n, t in enumerate(tensors):
+        what = names[n] if n < len(names) else f"operand {n}"
         if not t.is_contiguous() or t.data_ptr() % 16:
-            return f"operand {n} is not contiguous and 16-byte aligned"
+            return f"{what} is not contiguous and 16-byte aligned"
         if t.shape[2] % rows:
-            return f"operand {n} has length {t.shape[2]}, not a multiple of {rows}"
+            return f"{what} has length {t.shape[2]}, not a multiple of {rows}"
     return None
 
 

@@ -161,6 +161,8 @@ class HostProgram:
         self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
         self._tables: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._loaded: dict[bool, Mapping[str, Any]] = {}
+        self._layout_noted = False
+        """Whether the INFO line about an operand layout that rules out TMA kernels was logged."""
         self._lock = threading.Lock()
         self._instructions = [self._instruction(op) for op in self.ops[:-1]]
         self._launch_buffers = {index for value, index in slots.items() if _launch_buffer(value)}
@@ -351,11 +353,16 @@ class HostProgram:
             return self._alloc_instruction(op, out)
         if isinstance(op, TmaReadyOp):
             tensors, arch, rows = [self.slots[t] for t in op.tensors], op.arch.value.data, op.rows.value.data
+            names = [self._describe(t) for t in op.tensors]
 
             def tma_ready(state: Build) -> None:
-                reason = tma_unready_reason([state.slots[t] for t in tensors], state.device, arch, rows)
+                reason = tma_unready_reason([state.slots[t] for t in tensors], state.device, arch, rows, names)
                 if reason is not None:
                     logger.debug("@%s: TMA kernels not used for this shape class: %s", self.name, reason)
+                    if "contiguous" in reason and not self._layout_noted:  # a layout the caller may change
+                        self._layout_noted = True
+                        logger.info("@%s: %s, so the Triton kernels run instead of the TMA (sm_%d) ones; "
+                                    "contiguous [B, H, S, D] tensors would take them", self.name, reason, arch * 10)
                 state.static_value(out, reason is None)
 
             return tma_ready

@@ -230,6 +230,8 @@ def test_tma_ready_per_shape_class(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "not a multiple of 128" in tma_unready_reason([torch.empty(1, 4, 200, 64)], cuda, 9, 128)
     strided = torch.empty(2, 256, 4, 64).transpose(1, 2)
     assert "not contiguous" in tma_unready_reason([strided], cuda, 9, 128)
+    named = tma_unready_reason([ok[0], strided], cuda, 9, 128, ["argument 0 'q' of @f", "argument 1 'k' of @f"])
+    assert named == "argument 1 'k' of @f is not contiguous and 16-byte aligned"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert tma_unready_reason(ok, cuda, 9, 128) == "compute capability 8.0"
 
