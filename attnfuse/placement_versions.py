@@ -13,7 +13,8 @@ dtype). So `PlacementVersions` asks the cost model, at the first such call of ea
 class, for the placement at the call's (B, S) on the call's GPU (the compile's `target`,
 else the table's entry for the device's name) and, where it differs from the compiled
 one, lowers the program again with that placement (once per placement, through the
-disk cache as any compile) and gives the runner its forward host program
+disk cache as any compile; without `lower-backward`, as only forward calls run it) and
+gives the runner its forward host program
 (`Runner.infer`). Calls that record autograd and calls under torch.compile go through
 the program's custom op and keep the compiled placement, which the op's saved tensors
 and the backward follow.
@@ -115,7 +116,7 @@ class PlacementVersions:
             found = self.lowered.get(placement)
             if found is None:
                 passes = [dataclasses.replace(p, strategy=placement) if isinstance(p, RopeFusionPass) else p
-                          for p in self.passes]
+                          for p in self.passes if p.name != "lower-backward"]  # forward calls only
                 try:
                     found = self.lowered[placement] = self._lower(passes)
                 except Exception as e:  # noqa: BLE001 - an optional version: the compiled one still runs
