@@ -94,6 +94,10 @@ def alloc_step(out: int, shape: tuple[int, ...], dtype: torch.dtype, make: Calla
     return alloc
 
 
+NOT_DENSE = "is not contiguous and 16-byte aligned"
+"""How `tma_unready_reason` ends for an operand whose layout rules out TMA (one the caller can change)."""
+
+
 def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int,
                        names: Sequence[str] = ()) -> str | None:
     """Why a call cannot use TMA kernels (see `host.tma_ready`), or None; `names` say
@@ -106,7 +110,7 @@ def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, ar
     for n, t in enumerate(tensors):
         what = names[n] if n < len(names) else f"operand {n}"
         if not t.is_contiguous() or t.data_ptr() % 16:
-            return f"{what} is not contiguous and 16-byte aligned"
+            return f"{what} {NOT_DENSE}"
         if t.shape[2] % rows:
             return f"{what} has length {t.shape[2]}, not a multiple of {rows}"
     return None

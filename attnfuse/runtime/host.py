@@ -58,6 +58,7 @@ from attnfuse.dialects.host import (
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.build import (
+    NOT_DENSE,
     Build,
     Instruction,
     alloc_step,
@@ -359,7 +360,7 @@ class HostProgram:
                 reason = tma_unready_reason([state.slots[t] for t in tensors], state.device, arch, rows, names)
                 if reason is not None:
                     logger.debug("@%s: TMA kernels not used for this shape class: %s", self.name, reason)
-                    if "contiguous" in reason and not self._layout_noted:  # a layout the caller may change
+                    if reason.endswith(NOT_DENSE) and not self._layout_noted:  # a layout the caller may change
                         self._layout_noted = True
                         logger.info("@%s: %s, so the Triton kernels run instead of the TMA (sm_%d) ones; "
                                     "contiguous [B, H, S, D] tensors would take them", self.name, reason, arch * 10)
