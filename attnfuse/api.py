@@ -174,7 +174,9 @@ class AttentionFunction:
         self.pipeline = pipeline
         manager = PassManager(pipeline, target=target, f32_dot=f32_dot)
         rope = PlacementVersions.applies(analyzed, manager.passes)
-        compiled_placement = PlacementVersions.compiled_placement(analyzed, rope) if rope is not None else ""
+        versions = None if rope is None else PlacementVersions(  # before the pipeline rewrites `analyzed`'s IR
+            analyzed, functools.partial(_analyzed, text, filename, self.name), manager.passes, rope,
+            functools.partial(_lower_host, text, filename, self.name))
         compiled, host_funcs, self.lowered_ir = _lower(text, manager, ctx, module, locations, self.name)
         self.triton_source = compiled.source
         metadata = compiled.kernels
@@ -216,10 +218,8 @@ class AttentionFunction:
         self.ops, self._runner = define_ops(self.op_signature, runner)
         self._host, self._backward = self._runner.host, self._runner.backward  # shared with a live twin
         self._op = self.ops.forward
-        if rope is not None and self._runner.versions is None:
-            self._runner.versions = PlacementVersions(
-                functools.partial(_analyzed, text, filename, self.name), (analyzed.q.arg_index, analyzed.k.arg_index),
-                manager.passes, rope, compiled_placement, functools.partial(_lower_host, text, filename, self.name))
+        if self._runner.versions is None:
+            self._runner.versions = versions
 
     @property
     def check_page_values(self) -> bool:

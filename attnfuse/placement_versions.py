@@ -51,18 +51,20 @@ class PlacementVersions:
     module docstring); call it with a call's arguments: another placement's host
     program, or None to keep the compiled one."""
 
-    def __init__(self, program: Callable[[], AttentionProgram], qk: tuple[int, int], passes: Sequence[ModulePass],
-                 rope: RopeFusionPass, compiled: str, lower: Lower) -> None:
-        self._program_of = program
+    def __init__(self, program: AttentionProgram, reparse: Callable[[], AttentionProgram], passes: Sequence[ModulePass],
+                 rope: RopeFusionPass, lower: Lower) -> None:
+        """`program`: the analyzed program before the pipeline runs (read here only);
+        `reparse`: the same program parsed anew, for the model's later questions."""
+        self._program_of = reparse
         self._program: AttentionProgram | None = None
         """The program, parsed anew at the first call the model is asked about."""
-        self.qk = qk
+        self.qk = (program.q.arg_index, program.k.arg_index)
         """The argument indices of q and k."""
         self.passes = tuple(passes)
         self.target = get_target(rope.target) if rope.target is not None else None
         """The compile's target; None: the device's (`target_for_device`)."""
-        self.compiled = compiled
-        """The placement the program was compiled with."""
+        self.compiled = choose_strategy(rope.strategy, self.target, program, rope.seq_len)
+        """The placement the program was compiled with (what `rope` gives it)."""
         self._lower = lower
         self._lock = threading.Lock()
         self._devices: dict[int, Target | None] = {}
@@ -82,12 +84,6 @@ class PlacementVersions:
         if not unpinned or program.scores.cu_seqlens_q is not None or program.scores.block_table is not None:
             return None
         return rope
-
-    @staticmethod
-    def compiled_placement(program: AttentionProgram, rope: RopeFusionPass) -> str:
-        """The placement `rope` gives `program` at compile time."""
-        target = get_target(rope.target) if rope.target is not None else None
-        return choose_strategy(rope.strategy, target, program, rope.seq_len)
 
     def placement(self, target: Target, batch: int, seq_len: int) -> str:
         """The cost model's placement at (batch, seq_len) on `target`."""

@@ -52,13 +52,7 @@ class Runner:
         the caller drops every result after out (see `LaunchPlan.run`)."""
         signature = call_signature(args)
         plan = self.host.plan(signature)
-        device = self.checker.check(args) if plan is None else None
-        self.checker.segment_values(args)
-        self.checker.page_values(args)
-        if plan is not None:
-            return plan.run(args, lse)
-        assert device is not None
-        return self.host.build(args, signature, device)
+        return self._run(self.host, plan, args, signature, lse, self.checker.check(args) if plan is None else None)
 
     def infer(self, args: Sequence[Any], lse: bool = True) -> list[Any]:
         """`forward` for a call that records no autograd and keeps only out and lse (the
@@ -66,29 +60,29 @@ class Runner:
         the host program `versions` names for it."""
         signature = call_signature(args)
         plan = self.inference.get(signature) if signature is not None else None
-        if plan is None:
-            return self._infer_first(args, signature, lse)
-        self.checker.segment_values(args)
-        self.checker.page_values(args)
-        return plan.run(args, lse)
-
-    def _infer_first(self, args: Sequence[Any], signature: tuple[Any, ...] | None, lse: bool) -> list[Any]:
+        if plan is not None:
+            return self._run(self.host, plan, args, signature, lse, None)
         device = self.checker.check(args)
         host = (self.versions(args) if self.versions is not None else None) or self.host
-        self.checker.segment_values(args)
-        self.checker.page_values(args)
+        results = self._run(host, host.plan(signature), args, signature, lse, device)
         plan = host.plan(signature)
-        if plan is not None:
-            results = plan.run(args, lse)
-        else:
-            results = host.build(args, signature, device)
-            plan = host.plan(signature)
         if plan is not None:
             with self._lock:
                 if len(self.inference) >= MAX_PLANS:
                     self.inference.pop(next(iter(self.inference)), None)
                 self.inference[signature] = plan  # type: ignore[index]
         return results
+
+    def _run(self, host: HostProgram, plan: LaunchPlan | None, args: Sequence[Any],
+             signature: tuple[Any, ...] | None, lse: bool, device: torch.device | None) -> list[Any]:
+        """Run `plan` on `args` (after the per-call value checks), or, without one, build
+        the plan of `host` for the shape class on the checked `device`."""
+        self.checker.segment_values(args)
+        self.checker.page_values(args)
+        if plan is not None:
+            return plan.run(args, lse)
+        assert device is not None
+        return host.build(args, signature, device)
 
     def gradients(self, args: Sequence[Any], out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                   d_lse: torch.Tensor | None = None, *, saved: bool = False) -> list[torch.Tensor | None]:
