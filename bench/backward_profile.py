@@ -11,9 +11,11 @@ pass's options, checks the gradients against the first configuration's, and reco
 * `vs_cudnn+rope`, `vs_flex+rope`: baseline time / this time;
 
 and the same for SDPA cuDNN and flex_attention, each with torch.compile'd RoPE, in the
-same process.
+same process. `--layout bshd` gives every implementation Q, K, V and the upstream
+gradient as [B, H, S, D] views of [B, S, H, D] memory, as Hugging Face models do, and
+compiles AttnFuse with `lower-to-tile{out-layout=bshd}` (the output stored so).
 
-    python bench/backward_profile.py --out DIR [--seqs 2048,8192] [--configs 'a;b;...']
+    python bench/backward_profile.py --out DIR [--seqs 2048,8192] [--configs 'a;b;...'] [--layout bshd]
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ CONFIGS = (
 )
 
 
-def pipeline_with(options: str) -> str:
-    return DEFAULT_PIPELINE.replace("lower-backward", f"lower-backward{{{options}}}" if options else "lower-backward")
+def pipeline_with(options: str, layout: str = "bhsd") -> str:
+    pipe = DEFAULT_PIPELINE.replace("lower-backward", f"lower-backward{{{options}}}" if options else "lower-backward")
+    return pipe.replace("lower-to-tile", "lower-to-tile{out-layout=bshd}") if layout == "bshd" else pipe
 
 
 def kernel_times(fn: Callable[[], Any], iters: int) -> dict[str, float]:
@@ -77,12 +80,16 @@ def main() -> None:
     parser.add_argument("--seqs", default="2048,8192")
     parser.add_argument("--configs", default=";".join(CONFIGS), help="lower-backward options, ';'-separated")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     configs = args.configs.split(";")
     for seq in (int(s) for s in args.seqs.split(",")):
         q, k, v, g = inputs(seq, grad=True)
+        if args.layout == "bshd":
+            q, k, v, g = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
+                          for t in (q, k, v, g))
         base = Baselines(seq)
         cudnn = base.sdpa("cudnn")
 
@@ -100,10 +107,10 @@ def main() -> None:
         candidates: list[tuple[str, Callable[[], Any]]] = [
             ("cudnn+rope", lambda: cudnn), ("flex+rope", lambda: base.flex_rope),
             *((options, lambda options=options: attnfuse.compile(examples.path("llama3"),
-                                                                  pipeline=pipeline_with(options)))
+                                                                  pipeline=pipeline_with(options, args.layout)))
               for options in configs)]
         for config, make in candidates:
-            row: dict[str, Any] = {"seq": seq, "config": config}
+            row: dict[str, Any] = {"seq": seq, "config": config, "layout": args.layout}
             try:
                 run = step(make())
                 run()

@@ -59,7 +59,7 @@ def worker(path: Path, seqs: list[int], quick: bool) -> None:
         save()
     if not quick:
         try:
-            gpu_tests.compare("alibi", 2, 256, 256, expect_gluon=False, strided_k=True)
+            gpu_tests.compare("alibi", 2, 256, 256, expect_gluon=False, layout="strided_d")
             res["checks"].append({"name": "alibi strided K falls back", "ok": True})
         except Exception as exc:
             res["checks"].append({"name": "alibi strided K falls back", "ok": False, "error": repr(exc)[:600]})

@@ -55,7 +55,7 @@ from attnfuse.lowering.backward_dkv import q_walk
 from attnfuse.lowering.block_map import map_arguments, map_counts, map_entry, map_per_head
 from attnfuse.lowering.forward import LOG2E, BlockMap
 from attnfuse.lowering.hopper_backward_template import TEMPLATE
-from attnfuse.lowering.hopper_functions import DeviceFunctions
+from attnfuse.lowering.hopper_functions import DeviceFunctions, descriptor_steps, steps_text
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, partition, store_parts
 from attnfuse.lowering.rope_table import RopeTables
@@ -298,16 +298,20 @@ class HopperBackward(DeviceFunctions):
             scale=repr(self.scale),
             c=repr(self.scale * LOG2E), args=args, range_fn=functions[0].sym_name.data,
             walk_fn=functions[1].sym_name.data, mask_step=mask_step,
-            q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name, dv=dv, dk_store=dk_store,
+            q_len=self.q_len_arg.name, dv=dv, dk_store=dk_store,
+            **{f"{t}_steps": steps_text(f"{t}_desc") for t in ("q", "do", "k", "v", "dq")},
+            in_steps=", ".join(steps_text(f"{t}_desc") for t in ("q", "do", "k", "v")),
             **{f"dv_s{i}": f"{dv}_stride{i}" for i in range(4)}, dv_dtype=_gl_dtype(self.dv_arg.host.type),
             turns=self.turns_arg.name, turn=turn,
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
-            ("q_desc", TmaDescType(self.dtype, [BLOCK_M, d])), ("do_desc", TmaDescType(self.dtype, [BLOCK_M, d])),
-            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d])), ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
+            ("q_desc", TmaDescType(self.dtype, [BLOCK_M, d])), *descriptor_steps("q_desc"),
+            ("do_desc", TmaDescType(self.dtype, [BLOCK_M, d])), *descriptor_steps("do_desc"),
+            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d])), *descriptor_steps("k_desc"),
+            ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])), *descriptor_steps("v_desc"),
             ("lse_desc", TmaDescType(f32, [BLOCK_M])), ("delta_desc", TmaDescType(f32, [BLOCK_M])),
-            ("dq_desc", TmaDescType(f32, [BLOCK_M, d // 2]))]
+            ("dq_desc", TmaDescType(f32, [BLOCK_M, d // 2])), *descriptor_steps("dq_desc")]
         decls = descs + self._decls()
         kernel = KernelOp(
             self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch={},

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 from string import Template
 
-TEMPLATE = Template('''\
+from attnfuse.lowering.hopper_functions import DESCRIPTOR_AT
+
+TEMPLATE = Template(DESCRIPTOR_AT + '''\
 from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
@@ -120,29 +122,33 @@ def ${k}_step(it, tiles):
 
 @gluon.jit
 def ${k}_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                  lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args):
+                  lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $in_steps, $args):
     """1 warp: K and V of the block, then Q + LSE and dO + delta of every q tile of the walk."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     BN: gl.constexpr = k_desc.block_type.shape[0]
     batch, kv_head, n = ${k}_coords()
     q_lo, tiles, full_lo, full_hi = $range_fn(n * BN, batch, kv_head, $args)
-    kv_row = (batch * $hk + kv_head) * $kv_len + n * BN
+    k_row, k_col = ${k}_at(batch, kv_head, $k_steps)
+    v_row, v_col = ${k}_at(batch, kv_head, $v_steps)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(k_desc, [k_row + n * BN, k_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [v_row + n * BN, v_col], kv_bar, v_smem)
     for it in range($group * tiles):
         st = it % $stages
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(empty.index(st), ((it // $stages) & 1) ^ 1)
         g, tile = ${k}_step(it, tiles)
         t_start, masked = $walk_fn(tile, q_lo, tiles, full_lo, full_hi, $args)
-        q_row = (batch * $hq + kv_head * $group + g) * $q_len + t_start
+        head = kv_head * $group + g
+        lse_row = (batch * $hq + head) * $q_len + t_start  # lse and delta: contiguous [B, Hq, Sq]
+        q_row, q_col = ${k}_at(batch, head, $q_steps)
+        do_row, do_col = ${k}_at(batch, head, $do_steps)
         mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(st), q_smem.index(st))
-        tma.async_copy_global_to_shared(lse_desc, [q_row], q_ready.index(st), lse_smem.index(st))
+        tma.async_copy_global_to_shared(q_desc, [q_row + t_start, q_col], q_ready.index(st), q_smem.index(st))
+        tma.async_copy_global_to_shared(lse_desc, [lse_row], q_ready.index(st), lse_smem.index(st))
         mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [q_row, 0], do_ready.index(st), do_smem.index(st))
-        tma.async_copy_global_to_shared(delta_desc, [q_row], do_ready.index(st), delta_smem.index(st))
+        tma.async_copy_global_to_shared(do_desc, [do_row + t_start, do_col], do_ready.index(st), do_smem.index(st))
+        tma.async_copy_global_to_shared(delta_desc, [lse_row], do_ready.index(st), delta_smem.index(st))
 
 
 @gluon.jit
@@ -231,7 +237,7 @@ $dk_store
 
 
 @gluon.jit
-def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $args, WG: gl.constexpr):
+def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $dq_steps, $args, WG: gl.constexpr):
     """1 warp: the dQ share of consumer warpgroup WG, step by step: wait for it in shared
     memory, add it into the f32 buffer in its turn, free the staging buffer
     once the TMA unit has read it."""
@@ -244,15 +250,15 @@ def ${k}_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, $args, WG: gl.constexpr)
         g, tile = ${k}_step(it, tiles)
         head = kv_head * $group + g
         t_start, masked = $walk_fn(tile, q_lo, tiles, full_lo, full_hi, $args)
-        q_row = (batch * $hq + head) * $q_len + t_start
+        dq_row, dq_col = ${k}_at(batch, head, $dq_steps)
         mbarrier.wait(dq_full.index(WG), it & 1)
         tile_turn = $turns + batch * ${turns}_stride0 + head * ${turns}_stride1 + (t_start // BM) * ${turns}_stride2 + WG * ${turns}_stride3
         turn = $turn
         ${k}_take_turn(tile_turn, turn)
         if turn == 0:  # the first adder: nothing to add to
-            tma.async_copy_shared_to_global(dq_desc, [q_row, WG * DQW], my_dq)
+            tma.async_copy_shared_to_global(dq_desc, [dq_row + t_start, dq_col + WG * DQW], my_dq)
         else:
-            ${k}_reduce_add(dq_desc, [q_row, WG * DQW], my_dq)
+            ${k}_reduce_add(dq_desc, [dq_row + t_start, dq_col + WG * DQW], my_dq)
         tma.store_wait(pendings=0)
         mbarrier.arrive(dq_empty.index(WG))
         ${k}_pass_turn(tile_turn)
@@ -300,13 +306,15 @@ def __kernel__():
         (${k}_consumer, (dq_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_smem,
                          kv_bar, q_ready, do_ready, empty, ds_ready, ds_free, dq_full, dq_empty, $args, 1)),
         (${k}_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                         lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $args)),
-        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $args, 0)),
-        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $args, 1)),
+                         lse_smem, delta_smem, kv_bar, q_ready, do_ready, empty, $in_steps, $args)),
+        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $dq_steps, $args, 0)),
+        (${k}_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, $dq_steps, $args, 1)),
     ], [4, 1, 1, 1], [240, 24, 24, 24])
 ''')
 """Substitutions: k (name prefix), hq, hk, group, chunk, stages, scale, c (scale * log2 e), args,
-range_fn, walk_fn, mask_step, q_len, kv_len, dv (pointer argument), dv_s0..3, dv_dtype (Gluon
+the 2-D descriptors' step arguments (`q_steps`, `do_steps`, `k_steps`, `v_steps`, `dq_steps`,
+and `in_steps`: Q's, dO's, K's and V's; see `hopper_functions`),
+range_fn, walk_fn, mask_step, q_len, dv (pointer argument), dv_s0..3, dv_dtype (Gluon
 dtype of the store), dk_store (the epilogue's lines that store dK * scale from
 `dk`, `out_keys`, `out_cols`: a `gl.store`, or a device function that first rotates
 dK back by K's RoPE), turns (the pointer argument of the

@@ -12,9 +12,11 @@ device functions the template calls:
 * `<name>_score_masked` / `<name>_score_full`: the score chain (`ScoreChain`) on a
   [64, 128] S tile, with and without the masks the plan covers.
 
-K, V and O go through TMA descriptors over the [B*H*S, D] views, so the kernel serves
-contiguous K/V/O with both sequence lengths multiples of 128 (`host.tma_ready` decides
-per shape class; the Triton kernel runs otherwise).
+K, V and O go through TMA descriptors over 2-D views (rows of the dim -2 stride,
+addressed per (batch, head) from each descriptor's steps), so the kernel serves
+contiguous [B, H, S, D] tensors and [B, H, S, D] views of [B, S, H, D] memory alike,
+with both sequence lengths multiples of 128 (`host.tma_ready` decides per shape class;
+the Triton kernel runs otherwise).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from attnfuse.lowering.block_map import map_arguments, map_counts, map_entry
 from attnfuse.lowering.forward import LOG2E, ForwardSpec
 from attnfuse.lowering.hopper_template import PRODUCER, TEMPLATE, TRANSFORMING_PRODUCER
 from attnfuse.lowering.host_code import HostCode
-from attnfuse.lowering.hopper_functions import DeviceFunctions
+from attnfuse.lowering.hopper_functions import DeviceFunctions, descriptor_steps, steps_text
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, partition
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords
 from attnfuse.lowering.signature import KernelSignature
@@ -61,6 +63,8 @@ K_VEC = 4
 128-wide part, so that a chunk still has 8 rows: a shared-memory slice must not split
 the 128-byte swizzle pattern)."""
 HEAD_DIMS = (64, 128)
+KV_STEPS = f"{steps_text('k_desc')}, {steps_text('v_desc')}"
+"""The step arguments of the K and V descriptors, as the producer passes them on."""
 
 logger = logging.getLogger(__name__)
 
@@ -322,8 +326,8 @@ class HopperForward(DeviceFunctions):
 
     def _producer(self, args: str) -> tuple[list[FuncOp], dict[str, object]]:
         """The producer partition: its device functions and template substitutions."""
-        common = dict(k=self.name, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
-                      group_v=self.hq // self.hv, stages=STAGES, args=args, kv_len=self.kv_len_arg.name)
+        common = dict(k=self.name, group_k=self.hq // self.hk, group_v=self.hq // self.hv, stages=STAGES, args=args,
+                      k_steps=steps_text("k_desc"), v_steps=steps_text("v_desc"), kv_steps=KV_STEPS)
         split = self.k_split
         plain_qk = "    return warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)"
         if not self.spec.k_transforms:
@@ -358,7 +362,7 @@ class HopperForward(DeviceFunctions):
         text = TRANSFORMING_PRODUCER.substitute(
             common, range_fn=f"{self.name}_range", tile_fn=f"{self.name}_tile", k_vec=vec, k_tpw_row=tpw_row, k_tpw_col=tpw_col,
             k_setup=setup, k_transform="\n".join(lines), k_parts=2 if split else 1,
-            k2_load=("            tma.async_copy_global_to_shared(k_desc, [k_row + start, k_desc.block_type.shape[1]], "
+            k2_load=("            tma.async_copy_global_to_shared(k_desc, [k_row + start, k_col + k_desc.block_type.shape[1]], "
                      "k_raw.index(st), k2_smem.index(st))\n") if split else "")
         consumer_regs, producer_regs = TRANSFORMING_REGS
         init = (f"    k_raw = gl.allocate_shared_memory(gl.int64, [{STAGES}, 1], mbarrier.MBarrierLayout())\n"
@@ -450,25 +454,26 @@ class HopperForward(DeviceFunctions):
         # memory, waited for before the epilogue writes O into that tile
         saved = self.save_q_arg is not None
         q_save = (f"    if {self.save_q_arg.name} != 0:\n"
-                  f"        tma.async_copy_shared_to_global(qs_desc, [(batch * {self.hq} + head) * {self.q_len_arg.name}"
-                  " + q_start, 0], q)") if self.save_q_arg is not None else ""
+                  f"        qs_row, qs_col = {self.name}_at(batch, head, {steps_text('qs_desc')})\n"
+                  "        tma.async_copy_shared_to_global(qs_desc, [qs_row + q_start, qs_col], q)"
+                  ) if self.save_q_arg is not None else ""
         text = TEMPLATE.substitute(
             producer,
-            k=self.name, hq=self.hq, hk=self.hk, hv=self.hv, group_k=self.hq // self.hk,
-            group_v=self.hq // self.hv, stages=STAGES, qk_scale=repr(self.qk_scale), args=args,
+            k=self.name, group_k=self.hq // self.hk, group_v=self.hq // self.hv, stages=STAGES,
+            qk_scale=repr(self.qk_scale), args=args, kv_steps=KV_STEPS, o_steps=steps_text("o_desc"),
             range_fn=functions[0].sym_name.data, tile_fn=functions[2].sym_name.data, q_store="\n".join(q_lines),
             steps_fn=f"{self.name}_steps", work_fn=f"{self.name}_work",
-            score_step="\n".join(lines) or "    pass", q_len=self.q_len_arg.name, kv_len=self.kv_len_arg.name,
+            score_step="\n".join(lines) or "    pass",
             lse=lse, lse_s0=f"{lse}_stride0", lse_s1=f"{lse}_stride1", lse_s2=f"{lse}_stride2",
-            consumer_extra="qs_desc, " if saved else "", q_save=q_save,
+            consumer_extra=f"qs_desc, {steps_text('qs_desc')}, " if saved else "", q_save=q_save,
             q_save_wait="    tma.store_wait(pendings=0)" if saved else "",
         )
         d = self.head_dim
         descs: list[tuple[str, Attribute]] = [
-            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d // 2 if self.k_split else d])),
-            ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])),
-            ("o_desc", TmaDescType(self.dtype, [ROWS, d])),
-            *([("qs_desc", TmaDescType(self.dtype, [ROWS, d]))] if saved else [])]
+            ("k_desc", TmaDescType(self.dtype, [BLOCK_N, d // 2 if self.k_split else d])), *descriptor_steps("k_desc"),
+            ("v_desc", TmaDescType(self.dtype, [BLOCK_N, d])), *descriptor_steps("v_desc"),
+            ("o_desc", TmaDescType(self.dtype, [ROWS, d])), *descriptor_steps("o_desc"),
+            *([("qs_desc", TmaDescType(self.dtype, [ROWS, d])), *descriptor_steps("qs_desc")] if saved else [])]
         decls = descs + self._decls()
         kernel = KernelOp(
             self.name, [t for _, t in decls], num_warps=4, maxnreg=MAXNREG, launch=dict(self.spec.launch),

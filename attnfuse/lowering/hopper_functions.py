@@ -8,6 +8,12 @@ arguments (tiles and scalars the template computes):
 ```python
 s = llama3_fwd_ws_score(s, rows, cols, batch, head, Sq, Skv)
 ```
+
+A tensor read or written through a 2-D TMA descriptor is addressed in the descriptor's
+2-D view (rows of its dim -2 stride): the descriptor argument is followed by the
+(rows, columns) step of each leading dim (`descriptor_steps`, filled by the runtime from
+the tensor's strides, see `runtime.launch.tma_view`), and the template finds the first
+row and column of a (batch, head) with `${k}_at` (`DESCRIPTOR_AT`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,27 @@ from attnfuse.dialects.tile_builder import TileBuilder
 from attnfuse.dialects.tile_hopper import FuncOp, ReturnOp
 from attnfuse.dialects.tile_types import PtrType
 from attnfuse.lowering.signature import KernelSignature, TensorArg
+
+
+DESCRIPTOR_AT = '''\
+@gluon.jit
+def ${k}_at(batch, head, rows_b, cols_b, rows_h, cols_h):
+    """(row, column) of the first row of (batch, head) in a descriptor's 2-D view."""
+    return batch * rows_b + head * rows_h, batch * cols_b + head * cols_h
+
+'''
+"""Template text of `${k}_at`; its last four arguments are a descriptor's steps."""
+
+
+def descriptor_steps(name: str, rank: int = 4) -> list[tuple[str, Attribute]]:
+    """The kernel arguments after the 2-D descriptor argument `name` over a tensor of
+    `rank` dims: (rows, columns) per leading dim, in the runtime's order."""
+    return [(f"{name}_stride_{axis}{i}", i32) for i in range(rank - 2) for axis in "rc"]
+
+
+def steps_text(name: str) -> str:
+    """The step arguments of descriptor `name` as the template passes them."""
+    return ", ".join(n for n, _ in descriptor_steps(name))
 
 
 class DeviceFunctions:
@@ -64,4 +91,4 @@ class DeviceFunctions:
         return op
 
 
-__all__ = ["DeviceFunctions"]
+__all__ = ["DESCRIPTOR_AT", "DeviceFunctions", "descriptor_steps", "steps_text"]

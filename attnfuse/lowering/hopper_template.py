@@ -27,11 +27,13 @@ from __future__ import annotations
 
 from string import Template
 
-TEMPLATE = Template('''\
+from attnfuse.lowering.hopper_functions import DESCRIPTOR_AT
+
+TEMPLATE = Template(DESCRIPTOR_AT + '''\
 $producer
 
 @gluon.jit
-def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args):
+def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $kv_steps, $producer_extra$args):
     """The producer partition: the CTA's work items in turn (`$work_fn`), each loaded by `${k}_load`."""
     cta = gl.program_id(0)
     ctas = gl.num_programs(0)
@@ -39,7 +41,7 @@ def ${k}_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     for step in range($steps_fn(ctas, $args)):
         batch, head, m, valid = $work_fn(step, cta, ctas, $args)
         if valid:
-            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            kt = ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $kv_steps,
                            ${producer_extra}kt, batch, head, m, $args)
 
 
@@ -63,8 +65,8 @@ $qk_body
 
 
 @gluon.jit
-def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}kt, batch, head,
-                m, $args, WG: gl.constexpr):
+def ${k}_attend(o_desc, q, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $o_steps,
+                ${consumer_extra}kt, batch, head, m, $args, WG: gl.constexpr):
     """One work item of a consumer warpgroup: its 64 Q rows of q block `m` of (batch,
     head) against the item's KV walk; `kt` counts the K/V tiles this warpgroup consumed
     before (ring slots, barrier phases and turns continue from it). Returns the count after."""
@@ -146,7 +148,8 @@ $q_save
 $q_save_wait
     q.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [(batch * $hq + head) * $q_len + q_start, 0], q)
+    o_row, o_col = ${k}_at(batch, head, $o_steps)
+    tma.async_copy_shared_to_global(o_desc, [o_row + q_start, o_col], q)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     lse_base = batch.to(gl.int64) * $lse_s0 + head.to(gl.int64) * $lse_s1
     gl.store($lse + lse_base + rows * $lse_s2, lse)
@@ -155,8 +158,8 @@ $q_save_wait
 
 
 @gluon.jit
-def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
-                  WG: gl.constexpr):
+def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $o_steps,
+                  ${consumer_extra}$args, WG: gl.constexpr):
     """A consumer warpgroup: the CTA's work items in turn (`$work_fn`)."""
     cta = gl.program_id(0)
     ctas = gl.num_programs(0)
@@ -165,7 +168,7 @@ def ${k}_consumer(o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_e
         batch, head, m, valid = $work_fn(step, cta, ctas, $args)
         if valid:
             kt = ${k}_attend(o_desc, q_smem.index(WG), k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
-                             ${consumer_extra}kt, batch, head, m, $args, WG)
+                             $o_steps, ${consumer_extra}kt, batch, head, m, $args, WG)
 
 
 def __kernel__():
@@ -196,30 +199,34 @@ $k2_alloc
 $k_raw_init
     fence_async_shared()
     gl.warp_specialize([
-        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
-                         0)),
-        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ${consumer_extra}$args,
-                         1)),
-        (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $producer_extra$args)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $o_steps,
+                         ${consumer_extra}$args, 0)),
+        (${k}_consumer, (o_desc, q_smem, k_smem, k2_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, $o_steps,
+                         ${consumer_extra}$args, 1)),
+        (${k}_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $kv_steps,
+                         $producer_extra$args)),
     ], [4, $producer_warps], [$consumer_regs, $producer_regs])
 ''')
-"""Substitutions: k (name prefix), hq, hk, hv, group_k, group_v, stages, qk_scale,
-args, steps_fn, work_fn, range_fn, tile_fn, q_store, score_step, q_len, kv_len, lse, lse_s0..2; `producer` (the
+"""Substitutions: k (name prefix), group_k, group_v, stages, qk_scale, the descriptors'
+step arguments `kv_steps` (K's then V's) and `o_steps` (see `hopper_functions`),
+args, steps_fn, work_fn, range_fn, tile_fn, q_store, score_step, lse, lse_s0..2; `producer` (the
 text of `PRODUCER` or `TRANSFORMING_PRODUCER`: its `${k}_load`), `producer_extra` (the load's arguments before
 `args`), `k_raw_init`, and the partitions' `producer_warps`, `consumer_regs`,
 `producer_regs`; `consumer_extra` (`qs_desc, ` or nothing), `q_save` (the TMA store of
-the transformed Q tile for the backward, `ForwardSpec.q_saved`) and `q_save_wait` (its
+the transformed Q tile for the backward, `ForwardSpec.q_saved`, with `qs_desc`'s steps among
+`consumer_extra`) and `q_save_wait` (its
 completion, before the epilogue overwrites the tile)."""
 
 
 PRODUCER = Template('''\
 @gluon.jit
-def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kt, batch, head, m, $args):
+def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $kv_steps, kt, batch, head, m,
+           $args):
     """The TMA loads of one work item's K/V tiles into the ring, from ring position `kt`."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
-    k_row = (batch * $hk + head // $group_k) * $kv_len
-    v_row = (batch * $hv + head // $group_v) * $kv_len
+    k_row, k_col = ${k}_at(batch, head // $group_k, $k_steps)
+    v_row, v_col = ${k}_at(batch, head // $group_v, $v_steps)
     for j in range(n_tiles):
         t = kt + j
         st = t % $stages
@@ -228,19 +235,20 @@ def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         # a fresh mbarrier counts as having completed phase "1": the first lap passes
         mbarrier.wait(k_empty.index(st), ph ^ 1)
         mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_ready.index(st), k_smem.index(st))
+        tma.async_copy_global_to_shared(k_desc, [k_row + start, k_col], k_ready.index(st), k_smem.index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+        tma.async_copy_global_to_shared(v_desc, [v_row + start, v_col], v_ready.index(st), v_smem.index(st))
     return kt + n_tiles
 
 ''')
-"""`${k}_load` of the 1-warp producer: TMA loads of each K/V tile of an item into the ring."""
+"""`${k}_load` of the 1-warp producer: TMA loads of each K/V tile of an item into the ring
+(`k_steps`, `v_steps`, `kv_steps`: the descriptors' step arguments)."""
 
 TRANSFORMING_PRODUCER = Template('''\
 @gluon.jit
-def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_raw, k2_smem, kt, batch, head, m,
-           $args):
+def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, $kv_steps, k_raw, k2_smem, kt,
+           batch, head, m, $args):
     """TMA loads of each K tile of one work item as soon as its slot is free (the
     consumers free K once S = Q K^T is done); one tile behind, the K tile's transforms
     in place (chunks of rows through registers, a proxy fence, a barrier of this
@@ -251,8 +259,8 @@ def ${k}_load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     k_layout: gl.constexpr = gl.BlockedLayout([1, $k_vec], [$k_tpw_row, $k_tpw_col], [NW, 1], [1, 0])
     CH: gl.constexpr = $k_tpw_row * NW
     kv_lo, n_tiles, full_lo, full_hi = $range_fn(m * 128, batch, head, $args)
-    k_row = (batch * $hk + head // $group_k) * $kv_len
-    v_row = (batch * $hv + head // $group_v) * $kv_len
+    k_row, k_col = ${k}_at(batch, head // $group_k, $k_steps)
+    v_row, v_col = ${k}_at(batch, head // $group_v, $v_steps)
     chunk_rows = gl.arange(0, CH, layout=gl.SliceLayout(1, k_layout))
 $k_setup
     for j in range(n_tiles + 1):
@@ -262,7 +270,7 @@ $k_setup
             start, masked = $tile_fn(j, kv_lo, n_tiles, full_lo, full_hi, $args)
             mbarrier.wait(k_empty.index(st), ((t // $stages) & 1) ^ 1)
             mbarrier.expect(k_raw.index(st), $k_parts * k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_row + start, 0], k_raw.index(st), k_smem.index(st))
+            tma.async_copy_global_to_shared(k_desc, [k_row + start, k_col], k_raw.index(st), k_smem.index(st))
 $k2_load        if j > 0:
             t = kt + j - 1
             st = t % $stages
@@ -282,7 +290,7 @@ $k_transform
             # V of the same tile (first read one consumer step after its K)
             mbarrier.wait(v_empty.index(st), ph ^ 1)
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [v_row + start, 0], v_ready.index(st), v_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [v_row + start, v_col], v_ready.index(st), v_smem.index(st))
     return kt + n_tiles
 
 ''')

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from attnfuse.dialects.host import ReduceSumOp
+from attnfuse.runtime.launch import tma_view
 from attnfuse.runtime.plan import Slots, Step
 
 
@@ -94,14 +95,16 @@ def alloc_step(out: int, shape: tuple[int, ...], dtype: torch.dtype, make: Calla
     return alloc
 
 
-NOT_DENSE = "is not contiguous and 16-byte aligned"
+NOT_DENSE = "has a layout no TMA descriptor reads"
 """How `tma_unready_reason` ends for an operand whose layout rules out TMA (one the caller can change)."""
 
 
 def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, arch: int, rows: int,
                        names: Sequence[str] = ()) -> str | None:
     """Why a call cannot use TMA kernels (see `host.tma_ready`), or None; `names` say
-    what each tensor is (else "operand N")."""
+    what each tensor is (else "operand N"). A layout qualifies when `launch.tma_view`
+    finds its 2-D view: contiguous [B, H, S, D], its [B, S, H, D] transpose, and any
+    other whose last dim is contiguous and rows 16-byte aligned."""
     if device.type != "cuda":
         return f"device {device}"
     major, minor = torch.cuda.get_device_capability(device)
@@ -109,8 +112,8 @@ def tma_unready_reason(tensors: Sequence[torch.Tensor], device: torch.device, ar
         return f"compute capability {major}.{minor}"
     for n, t in enumerate(tensors):
         what = names[n] if n < len(names) else f"operand {n}"
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            return f"{what} {NOT_DENSE}"
+        if tma_view(t) is None:
+            return f"{what} (shape {tuple(t.shape)}, strides {t.stride()}) {NOT_DENSE}"
         if t.shape[2] % rows:
             return f"{what} has length {t.shape[2]}, not a multiple of {rows}"
     return None

@@ -17,7 +17,10 @@ Tensors reach kernels as a pointer plus per-dim strides, so any strided view wor
 without a copy; a size-1 dim gets stride 0, which is how broadcast operands (a
 `[1, H, S, S]` bias) are read. Kernels index within a tensor with 32-bit offsets (batch
 and head offsets are 64-bit), so a stride, or the offset spanned by the dims after batch
-and head, that exceeds int32 is an `AttnfuseArgumentError` naming the tensor.
+and head, that exceeds int32 is an `AttnfuseArgumentError` naming the tensor. A tensor
+that a Gluon kernel reads through a 2-D TMA descriptor reaches it as the descriptor plus
+(rows, columns) steps per leading dim (`launch.tma_view`), so [B, H, S, D] views of
+[B, S, H, D] memory (what Hugging Face models pass) take the TMA kernels too.
 
 A launch whose inputs are only shapes and constants (the block map of a mask that does
 not read tensors, e.g. a custom predicate over indices, or a cos/sin table) runs once per
@@ -56,7 +59,7 @@ from attnfuse.dialects.host import (
     TmaReadyOp,
 )
 from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
-from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.launch import KernelLaunch, tma_view
 from attnfuse.runtime.build import (
     NOT_DENSE,
     Build,
@@ -235,9 +238,8 @@ class HostProgram:
                 for a in op.args:
                     name = next(names)
                     by_name[name] = a
-                    if isinstance(a.type, TensorType) and name not in meta.tma:  # strides follow; not a descriptor's
-                        for _ in a.type.get_shape():
-                            next(names)
+                    for _ in range(_trailing_args(meta, name, a)):  # strides or descriptor steps
+                        next(names)
                 written = {by_name[n] for n in meta.writes if n in by_name}
             written_by[op] = written
             for value in written:
@@ -363,7 +365,8 @@ class HostProgram:
                     if reason.endswith(NOT_DENSE) and not self._layout_noted:  # a layout the caller may change
                         self._layout_noted = True
                         logger.info("@%s: %s, so the Triton kernels run instead of the TMA (sm_%d) ones; "
-                                    "contiguous [B, H, S, D] tensors would take them", self.name, reason, arch * 10)
+                                    "tensors with a contiguous last dim and 16-byte aligned rows ([B, H, S, D] or "
+                                    "[B, S, H, D] memory) would take them", self.name, reason, arch * 10)
                 state.static_value(out, reason is None)
 
             return tma_ready
@@ -407,11 +410,9 @@ class HostProgram:
         args: list[tuple[int, str, str, bool]] = []  # slot, kernel argument name, what it is, a descriptor
         for value in op.args:
             arg_name = next(arg_names)
-            tensor = isinstance(value.type, TensorType)
-            descriptor = tensor and arg_name in meta.tma
-            if tensor and not descriptor:
-                for _ in value.type.get_shape():  # type: ignore[attr-defined]
-                    next(arg_names)
+            descriptor = isinstance(value.type, TensorType) and arg_name in meta.tma
+            for _ in range(_trailing_args(meta, arg_name, value)):
+                next(arg_names)
             args.append((self.slots[value], arg_name, self._describe(value), descriptor))
         cached = op in self.cached_launches
         tensor_slots = [self.slots[a] for a in op.args if isinstance(a.type, TensorType)]
@@ -427,8 +428,13 @@ class HostProgram:
                 if isinstance(arg, torch.Tensor) and arg.device != device:
                     raise AttnfuseArgumentError(f"{where}: on {arg.device}, but the call runs on {device}")
                 if descriptor:
-                    descriptors.append((len(template), index, meta.tma[arg_name]))
+                    block = meta.tma[arg_name]
+                    descriptors.append((len(template), index, block))
                     template.append(None)
+                    if len(block) == 2:  # the steps of its leading dims (host.tma_ready admitted the view)
+                        view = tma_view(arg)
+                        assert view is not None, f"{where}: no TMA view"
+                        template.extend(view[2])
                     continue
                 if isinstance(arg, torch.Tensor):
                     check_int32_layout(arg, where)
@@ -458,6 +464,18 @@ class HostProgram:
         if index < self.n_args:
             return f"argument {index} '{self.arg_names[index]}' of @{self.name}"
         return f"buffer '{value.name_hint or index}' of @{self.name}"
+
+
+def _trailing_args(meta: KernelMetadata, name: str, value: SSAValue) -> int:
+    """How many kernel arguments after `name` the runtime fills from `value`: a tensor's
+    strides (one per dim), a 2-D descriptor's (rows, columns) steps (two per leading
+    dim, see `launch.tma_view`), nothing for a 1-D descriptor or a scalar."""
+    if not isinstance(value.type, TensorType):
+        return 0
+    rank = len(value.type.get_shape())
+    if name not in meta.tma:
+        return rank
+    return 2 * (rank - 2) if len(meta.tma[name]) == 2 else 0
 
 
 def _launch_buffer(value: SSAValue) -> bool:

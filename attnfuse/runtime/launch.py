@@ -3,8 +3,10 @@
 `KernelLaunch` holds a launch's grid and its argument list as a template: strides,
 sizes, constant tables and buffers that a plan keeps are filled in; `fill` lists the
 positions of the tensors and scalars that change from call to call, `descriptors` the
-TMA descriptor arguments (Gluon kernels), each a 2-D view over its last dim of a tensor
-slot (the flat view for a 1-D block) with the block's default NVMMA shared layout.
+TMA descriptor arguments (Gluon kernels), each over a tensor slot with the block's default
+NVMMA shared layout: a 1-D block reads the flat view; a 2-D block reads the tensor as
+rows of its dim -2 stride (`tma_view`), the kernel finding a leading index's first row
+and column from the steps that follow the descriptor in its argument list.
 
 On a GPU the first launch goes through `JITFunction.run`, which binds, specializes and
 compiles (or finds the compiled kernel in Triton's caches) and returns the
@@ -190,9 +192,40 @@ class KernelLaunch:
 
         layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(tensor.dtype).removeprefix("torch.")))
         if len(block) == 1:  # the flat view
+            assert tensor.is_contiguous(), "a 1-D descriptor reads a contiguous tensor"
             return position, slot, block, (layout, [tensor.numel()], [1])
-        cols = tensor.shape[-1]
-        return position, slot, block, (layout, [tensor.numel() // cols, cols], [cols, 1])
+        view = tma_view(tensor)
+        assert view is not None, "host.tma_ready admits only tensors with a 2-D view"
+        rows, width, _ = view
+        return position, slot, block, (layout, [rows, width], [width, 1])
+
+
+def tma_view(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]] | None:
+    """The 2-D view through which a descriptor with a 2-D block reads `tensor`, or None
+    when its layout has none: (rows, width, steps). A row is `width` elements (the dim -2
+    stride); `steps` gives (rows, columns) per leading dim (all but the last two): index
+    `i` of a leading dim moves the tile by `i * rows` rows and `i * columns` columns. So a
+    contiguous [B, H, S, D] is B*H*S rows of D with steps (H*S, 0), (S, 0), and the
+    [B, H, S, D] view of a contiguous [B, S, H, D] is B*S rows of H*D with steps (S, 0),
+    (0, D). None unless the last dim is contiguous, a row is a multiple of 16 bytes, the
+    base 16-byte aligned and every tile's columns inside one row."""
+    if tensor.dim() < 2 or tensor.data_ptr() % 16:
+        return None
+    *lead, n_rows, cols = tensor.shape
+    *lead_strides, row_stride, col_stride = tensor.stride()
+    width = row_stride if n_rows > 1 else cols
+    if (cols > 1 and col_stride != 1) or width < 1 or width * tensor.element_size() % 16:
+        return None
+    steps: list[int] = []
+    last_row, last_col = n_rows - 1, cols
+    for size, stride in zip(lead, lead_strides):
+        rows_step, cols_step = divmod(stride, width) if size > 1 else (0, 0)
+        steps += [rows_step, cols_step]
+        last_row += (size - 1) * rows_step
+        last_col += (size - 1) * cols_step
+    if last_col > width or last_row >= 2**31:
+        return None
+    return last_row + 1, width, tuple(steps)
 
 
 def _hooked(hook: Any) -> bool:

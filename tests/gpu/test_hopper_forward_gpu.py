@@ -3,8 +3,9 @@ program of tests/lowering/hopper_programs.py, O and lse against the float64 refe
 and against the Triton kernel (`lower-to-tile{hopper-forward=false}`), at a real size
 (B=2, S=2048), at B=3, S=256, with more queries than keys and fewer (bottom-right
 causal, where the first rows see no key: O = 0, lse = -inf), and at lengths that are not
-multiples of 128 or a non-contiguous K, which must fall back to the Triton kernel and
-stay right. Each case also checks which forward kernel the launch plan ran.
+multiples of 128 or a K whose head dim is strided, which must fall back to the Triton
+kernel and stay right; Q, K, V as [B, H, S, D] views of [B, S, H, D] memory with the
+output stored [B, S, H, D] (Hugging Face's layout) take the Gluon kernel. Each case also checks which forward kernel the launch plan ran.
 
 The Gluon kernel cannot run in Triton's interpreter: these tests are its correctness
 proof. Run on the GPU machine: `python -m pytest tests/gpu/test_hopper_forward_gpu.py -q`
@@ -39,16 +40,17 @@ pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 """Where the cases run (a CPU dry run of `compare` sets "cpu": Triton kernel only)."""
 
-_FNS: dict[tuple[str, bool], Any] = {}
+_FNS: dict[tuple[str, bool, bool], Any] = {}
 
 
-def compiled(name: str, hopper: bool) -> Any:
+def compiled(name: str, hopper: bool, bshd_out: bool = False) -> Any:
     text, pipe = ELIGIBLE[name]
-    if not hopper:
-        pipe = pipe.replace("lower-to-tile", "lower-to-tile{hopper-forward=false}")
-    if (name, hopper) not in _FNS:
-        _FNS[(name, hopper)] = attnfuse.compile(text, pipeline=pipe)
-    return _FNS[(name, hopper)]
+    options = [*([] if hopper else ["hopper-forward=false"]), *(["out-layout=bshd"] if bshd_out else [])]
+    if options:
+        pipe = pipe.replace("lower-to-tile", "lower-to-tile{" + " ".join(options) + "}")
+    if (name, hopper, bshd_out) not in _FNS:
+        _FNS[(name, hopper, bshd_out)] = attnfuse.compile(text, pipeline=pipe)
+    return _FNS[(name, hopper, bshd_out)]
 
 
 def forward_kernels(fn: Any, args: list[Any]) -> list[str]:
@@ -65,16 +67,23 @@ def inputs(name: str, batch: int, q_len: int, kv_len: int, seed: int = 0) -> lis
 
 
 def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: bool,
-            strided_k: bool = False) -> dict[str, Any]:
+            layout: str = "bhsd") -> dict[str, Any]:
     """Run `name` with hopper-forward on and off; check both against the float64
-    reference (O and lse) and against each other; return the errors (raises on failure)."""
+    reference (O and lse) and against each other; return the errors (raises on failure).
+    `layout` "bshd": the same Q, K, V values in [B, S, H, D] storage and the output
+    stored so; "strided_d": K's head dim strided (no TMA descriptor reads it)."""
     text, _ = ELIGIBLE[name]
     args = inputs(name, batch, q_len, kv_len)
-    if strided_k:  # same values, [B, S, H, D] storage: not contiguous, no TMA
-        args[1] = args[1].transpose(1, 2).contiguous().transpose(1, 2)
-    on, off = compiled(name, True), compiled(name, False)
+    if layout == "bshd":
+        args[:3] = [a.transpose(1, 2).contiguous().transpose(1, 2) for a in args[:3]]
+    elif layout == "strided_d":
+        args[1] = args[1].transpose(2, 3).contiguous().transpose(2, 3)
+    bshd = layout == "bshd"
+    on, off = compiled(name, True, bshd), compiled(name, False, bshd)
     out, lse = on(*args, return_lse=True)
     out_t, lse_t = off(*args, return_lse=True)
+    if bshd:
+        assert out.transpose(1, 2).is_contiguous() and out_t.transpose(1, 2).is_contiguous()
     if out.is_cuda:
         torch.cuda.synchronize()
     ran = forward_kernels(on, args)
@@ -125,10 +134,17 @@ def test_hopper_forward_matches_reference(name: str, batch: int, q_len: int, kv_
     compare(name, batch, q_len, kv_len, expect_gluon=gluon)
 
 
-def test_non_contiguous_k_falls_back() -> None:
-    """alibi reads K as given (no pre-kernel): a [B, S, H, D]-strided K cannot be a TMA
-    descriptor over [B*H*S, D]."""
-    compare("alibi", 2, 256, 256, expect_gluon=False, strided_k=True)
+def test_strided_head_dim_falls_back() -> None:
+    """alibi reads K as given (no pre-kernel): a K whose head dim is strided cannot be read
+    through a TMA descriptor."""
+    compare("alibi", 2, 256, 256, expect_gluon=False, layout="strided_d")
+
+
+@pytest.mark.parametrize("name", ["alibi", "llama3", "llama3_fused", "qwen3", "window", "d64"])
+def test_bshd_layout_takes_the_gluon_kernel(name: str) -> None:
+    """[B, H, S, D] views of [B, S, H, D] memory in, [B, S, H, D] out (what the Hugging
+    Face backends pass and want): the descriptors read and write them in place."""
+    compare(name, 2, 1024, 1024, expect_gluon=True, layout="bshd")
 
 
 def test_off_by_option() -> None:
