@@ -9,10 +9,12 @@ template around them; layouts of the functions' tiles are inferred by Gluon
 (`gl.AutoLayout`) from the layouts of the arguments the template passes.
 
 Kernel arguments are `!tile.ptr<T>`, `i32`, `i64`, `f32` as for `tile.kernel`, plus
-TMA descriptors (`!tile_hopper.tma<bf16, [128, 128]>`: a 2-D descriptor over the
-`[rows, cols]` view of a contiguous tensor, block shape `[128, 128]`, shared layout the
+TMA descriptors (`!tile_hopper.tma<bf16, [128, 128]>`: a 2-D descriptor over the view
+of a tensor as rows of its dim -2 stride, block shape `[128, 128]`, shared layout the
 default NVMMA layout of the block), which the runtime builds per call from the tensor
-operand of `host.launch`.
+operand of `host.launch`. A 2-D descriptor argument is followed by the (rows, columns)
+step of each leading dim of its tensor (`i32`s the runtime fills from the strides, as it
+fills a pointer's strides; see `runtime.launch.tma_view`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ KERNEL_SCALAR_TYPES = ("i32", "i64", "f32")
 
 @irdl_attr_definition
 class TmaDescType(ParametrizedAttribute, TypeAttribute):
-    """A TMA tensor descriptor argument with block shape `block`: 2-D over the [rows, last
-    dim] view of a tensor, or 1-D over its flat view.
+    """A TMA tensor descriptor argument with block shape `block`: 2-D over the view of a
+    tensor as rows of its dim -2 stride (the kernel's next arguments are the steps of its
+    leading dims), or 1-D over the flat view of a contiguous tensor.
 
     ```mlir
     %k_desc: !tile_hopper.tma<bf16, [128, 128]>
