@@ -210,6 +210,8 @@ class AttentionFunction:
             out_order=self._host.result_order(0),
             grad_of=tuple(self._grad_of),
             saved=saved_args if saved_backward is not None else (),
+            grad_orders=tuple(self._backward.result_order(i) for i in range(len(self._grad_of)))
+            if self._backward is not None else (),
             no_backward=None if self._backward is not None else self._no_backward or "it was compiled without lower-backward",
         )
         runner = Runner(self._host, self._backward, self._checker, self._grad_of,

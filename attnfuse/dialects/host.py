@@ -251,11 +251,13 @@ class ReduceSumOp(IRDLOperation):
 
 @irdl_op_definition
 class ConvertOp(IRDLOperation):
-    """Convert a host tensor to another element type (same shape).
+    """Convert a host tensor to another element type (same shape); `order`: the result's
+    memory order, as `host.alloc`'s (default: the input's strides).
 
     ```mlir
     %dw = host.convert %dw32 : tensor<128xf32> -> tensor<128xbf16>
     %d_q = host.convert %d_q_f32 when %ok : tensor<?x32x?x128xf32> -> tensor<?x32x?x128xbf16>
+    %d_q = host.convert %d_q_f32 {order = array<i64: 0, 2, 1, 3>} : tensor<?x32x?x128xf32> -> tensor<?x32x?x128xbf16>
     ```
     """
 
@@ -263,11 +265,22 @@ class ConvertOp(IRDLOperation):
     input = operand_def(TensorType)
     cond = opt_operand_def(i1)
     unless = opt_prop_def(UnitAttr)
+    order = opt_prop_def(DenseArrayBase)
     result = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$input (`when` $cond^)? (`unless` $unless^)? attr-dict `:` type($input) `->` type($result)"
 
     def verify_(self) -> None:
         _verify_guard(self)
+        if self.order is not None:
+            rank = self.result.type.get_num_dims()
+            order = tuple(self.order.get_values())
+            if sorted(order) != list(range(rank)):
+                raise VerifyException(f"host.convert: order {list(order)} is not a permutation of the {rank} dims")
+
+    def dim_order(self) -> tuple[int, ...] | None:
+        """The result's memory order, None for the input's."""
+        return None if self.order is None else tuple(int(d) for d in self.order.get_values())
 
 
 Host = Dialect("host", [DimOp, SmCountOp, KeepsResultsOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

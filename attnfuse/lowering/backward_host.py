@@ -76,9 +76,11 @@ class BackwardHost:
                  dkdv: DkvOptions = DkvOptions(), rotate_in_epilogue: bool = True,
                  count_tiles: bool = False, fold_scale: bool = True, alibi_vectors: bool = True,
                  f32_dot: str = "ieee", hopper_backward: bool = False, hopper_block_map: bool = False,
-                 given: tuple[str, ...] = ()) -> None:
+                 grad_order: tuple[int, ...] = (0, 1, 2, 3), given: tuple[str, ...] = ()) -> None:
         self.program = program
         self.given = given
+        self.grad_order = grad_order
+        """The memory order of the dQ, dK and dV it returns (`lower-backward{grad-layout}`)."""
         self.kernels: list[Operation] = []
         online = program.online
         assert isinstance(online, OnlineSoftmaxOp)
@@ -228,7 +230,7 @@ class BackwardHost:
 
         # dV is one buffer that either path writes; without the Hopper path, the Triton path
         # allocates it after its dQ and dK.
-        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v") if self.hopper else None
+        d_v = host.alloc(v.type, {0: batch, 2: kv_len}, "d_v", order=self.grad_order) if self.hopper else None
         counter = host.alloc(TensorType(i32, [1]), {}, "tile_count", zero=True) if self.count_tiles else None
         has_map = self.online.plan.has_runtime_block_map()
         planned = set(effective_masks(p.score_ops)) if (self.online.plan.is_exact() or has_map) else set()
@@ -332,8 +334,9 @@ class BackwardHost:
         self.kernels.extend(lower_hopper_backward(hopper, host, batch=batch, q=inputs["q"], d_out=d_out,
                                                   k=inputs["k"], v=v, lse=lse, delta=delta, dq=d_q, one=one))
         weight_grads: dict[int, SSAValue] = {}
-        d_q = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
-        d_q = host.convert(d_q, _dyn(q.type), "d_q_hopper")
+        through = self._through_prekernel("q", p.q.transforms, q, d_q, batch, q_len, weight_grads)
+        # the f32 buffer the CTAs added into, as the input's dtype in the gradients' layout
+        d_q = host.convert(d_q, _dyn(q.type), "d_q_hopper", order=self.grad_order) if through is d_q else through
         if not k_epilogue:
             d_k = self._through_prekernel("k", p.k.transforms, k, d_k, batch, kv_len, weight_grads)
         return d_q, d_k, weight_grads
@@ -350,7 +353,7 @@ class BackwardHost:
         d_q = self._grad_buffer("q", p.q.transforms, q, batch, q_len, bool(epilogue["q"]))
         d_k = self._grad_buffer("k", p.k.transforms, k, batch, kv_len, bool(epilogue["k"]))
         if d_v is None:
-            d_v = self.host.alloc(v.type, {0: batch, 2: kv_len}, "d_v")
+            d_v = self.host.alloc(v.type, {0: batch, 2: kv_len}, "d_v", order=self.grad_order)
         q_rows, k_rows = (fwd_spec.q, fwd_spec.out, lse, d_out, delta, d_q), (fwd_spec.k, fwd_spec.v, d_k, d_v)
         dq_rows = self._rows("q", self.block_m, q_rows, k_rows)
         spec = BackwardSpec(replace(fwd_spec, packed=dq_rows), d_out, lse, delta, d_q, d_k, d_v, grads, self.dkdv,
@@ -411,7 +414,8 @@ class BackwardHost:
         rotated = bool(self.pre(transforms)) and not final
         ty = _f32_like(source.type) if rotated or accumulate else source.type
         name = f"d_{tag}_rotated" if rotated else f"d_{tag}_f32" if accumulate else f"d_{tag}"
-        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, name, zero=zero)
+        order = None if rotated or accumulate else self.grad_order  # f32 buffers are internal
+        return self.host.alloc(_dyn(ty), {0: batch, 2: seq}, name, zero=zero, order=order)
 
     def _through_prekernel(self, tag: str, transforms: list, source: SSAValue, grad: SSAValue, batch: SSAValue,
                            seq: SSAValue, weight_grads: dict[int, SSAValue]) -> SSAValue:
@@ -425,7 +429,7 @@ class BackwardHost:
         slots = host.emit(arith.MuliOp(host.mul(batch, heads, f"{tag}_pre_bh"), n_blocks), f"{tag}_pre_slots")
         partials = {i: host.alloc(_dyn(TensorType(f32, [-1, head_dim])), {0: slots}, f"d_{tag}_norm_w{i}")
                     for i, op in enumerate(pre) if isinstance(op, QKNormOp) and op.weight is not None}
-        target = host.alloc(source.type, {0: batch, 2: seq}, f"d_{tag}")
+        target = host.alloc(source.type, {0: batch, 2: seq}, f"d_{tag}", order=self.grad_order)
         name = f"{self.name}_bwd_{tag}_prologue_transpose"
         rows = self._rows(tag, ROWS_PER_PROGRAM, **{f"{tag}_rows": (source, grad, target)})
         kernel, operands = build_prekernel_backward(name, source, grad, target, pre, batch, seq, self.inv_freq,

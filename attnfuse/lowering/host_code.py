@@ -23,6 +23,11 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects.host import AllocOp, ConvertOp, LaunchOp, ReduceSumOp, SmCountOp
 
+LAYOUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
+"""Memory layouts of a `[B, H, S, D]` buffer the host code allocates (`lower-to-tile`'s
+`out-layout`, `lower-backward`'s `grad-layout`): the memory order of its dims,
+outermost first."""
+
 
 class HostCode:
     """Appends host ops before the first op of an attention function."""
@@ -112,11 +117,17 @@ class HostCode:
         return self.emit(ReduceSumOp.build(operands=[x, cond], result_types=[result], properties={**props, **guard}),
                          name)
 
-    def convert(self, x: SSAValue, result: Attribute, name: str) -> SSAValue:
-        if x.type == result:
+    def convert(self, x: SSAValue, result: Attribute, name: str, *, order: Sequence[int] | None = None) -> SSAValue:
+        """`x` as `result`'s element type; `order`: the result's memory order (as `alloc`)."""
+        ordered = order is not None and list(order) != list(range(len(order)))
+        if x.type == result and not ordered:
             return x
         cond, guard = self._guard_parts()
-        return self.emit(ConvertOp.build(operands=[x, cond], result_types=[result], properties=guard), name)
+        props: dict[str, Attribute | None] = dict(guard)
+        if ordered:
+            assert order is not None
+            props["order"] = DenseArrayBase.from_list(i64, list(order))
+        return self.emit(ConvertOp.build(operands=[x, cond], result_types=[result], properties=props), name)
 
     def select(self, cond: SSAValue, a: SSAValue, b: SSAValue, name: str) -> SSAValue:
         """`a` where `cond` holds, else `b` (tensors of two guarded paths, or scalars)."""

@@ -76,9 +76,12 @@ DEFAULT_PIPELINE: str = (
 )
 """The pipeline ``attnfuse-opt -t triton`` (and the Python API) runs by default."""
 
-BSHD_PIPELINE: str = DEFAULT_PIPELINE.removesuffix("lower-to-tile") + "lower-to-tile{out-layout=bshd}"
-"""The default pipeline with the output stored as `[B, S, H, D]` (`attnfuse.nn.Attention(layout="bshd")`
-and the Hugging Face backend, whose callers transpose the output and reshape it)."""
+BSHD_PIPELINE: str = DEFAULT_PIPELINE.replace(
+    "lower-backward,lower-to-tile", "lower-backward{grad-layout=bshd},lower-to-tile{out-layout=bshd}")
+"""The default pipeline with the output and the gradients of q, k and v stored as
+`[B, S, H, D]` (`attnfuse.nn.Attention(layout="bshd")` and the Hugging Face backend, whose
+callers transpose the output and reshape it, and whose q, k and v are transposed views of
+`[B, S, H * D]` projections: their backward then reshapes the gradients without a copy)."""
 
 
 class PassUnavailableError(ImportError):

@@ -38,6 +38,7 @@ from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
 from attnfuse.analysis.tile_plan import backward_block_sizes, resolve_f32_dot
 from attnfuse.lowering.backward import DkvOptions
 from attnfuse.lowering.backward_host import BackwardHost
+from attnfuse.lowering.host_code import LAYOUT_ORDERS
 from attnfuse.lowering.regions import RegionLoweringError
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.program import ProgramError, analyze, find_functions
@@ -104,9 +105,19 @@ class LowerBackwardPass(ModulePass):
     that do not read the head): its CTAs walk a transposed map of 128 x 128 tiles and add
     dQ in the order of a map's ranks. Its GPU test passes (run 26); off until a
     benchmark shows it faster than the Triton kernels' walk."""
+    grad_layout: str = "bhsd"
+    """Memory layout of the gradients of `[B, H, S, D]` arguments: `bhsd` (contiguous) or
+    `bshd` (stored as `[B, S, H, D]`, as `lower-to-tile{out-layout}`: the layout of the
+    projections a Hugging Face model's q, k and v are views of, so their backward needs
+    no copy). Internal f32 buffers stay `bhsd`; the kernels write the gradients through
+    their strides either way."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         f32_dot = resolve_f32_dot(self.name, self.f32_dot)
+        if self.grad_layout not in LAYOUT_ORDERS:
+            raise ValueError(f"{self.name}: grad-layout must be one of {', '.join(LAYOUT_ORDERS)}, "
+                             f"got {self.grad_layout!r}")
+        grad_order = LAYOUT_ORDERS[self.grad_layout]
         functions = find_functions(op)
         if not functions and any(o.name == "tile.kernel" for o in op.ops):
             raise ProgramError(
@@ -129,7 +140,7 @@ class LowerBackwardPass(ModulePass):
                        DkvOptions(self.dkdv_transposed, self.dkdv_full_tiles, self.dkdv_num_warps,
                                   self.dkdv_block_map),
                        self.rotate_in_epilogue, self.count_tiles, self.fold_scale, self.alibi_vectors,
-                       f32_dot, self.hopper_backward, self.hopper_block_map)
+                       f32_dot, self.hopper_backward, self.hopper_block_map, grad_order)
             builder = BackwardHost(*options)
             try:
                 backward = builder.build()

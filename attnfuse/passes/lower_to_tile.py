@@ -61,7 +61,7 @@ from attnfuse.analysis.tile_plan import (
 )
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp, KeepsResultsOp
-from attnfuse.lowering.host_code import HostCode
+from attnfuse.lowering.host_code import LAYOUT_ORDERS, HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
 from attnfuse.lowering.hopper_forward import lower_hopper_forward
@@ -86,10 +86,6 @@ def pipeline_stages(
     assert isinstance(q_type, TensorType)
     return kv_stages(q_type, program.v_type, online.plan.block_m.data, online.plan.block_n.data, SHARED_MEMORY_BUDGET,
                      k_in_kernel=k_in_kernel, f32_dot=f32_dot, paged=program.scores.block_table is not None)
-
-
-OUT_ORDERS: dict[str, tuple[int, int, int, int]] = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3)}
-"""`out-layout` values: the memory order of the output's dims, outermost first."""
 
 
 @dataclass(frozen=True)
@@ -145,8 +141,8 @@ class LowerToTilePass(ModulePass):
                 f"{self.name} found no attn program: the module is already lowered "
                 "(lower-backward must run before lower-to-tile)"
             )
-        if self.out_layout not in OUT_ORDERS:
-            raise ValueError(f"{self.name}: out-layout must be one of {', '.join(OUT_ORDERS)}, got {self.out_layout!r}")
+        if self.out_layout not in LAYOUT_ORDERS:
+            raise ValueError(f"{self.name}: out-layout must be one of {', '.join(LAYOUT_ORDERS)}, got {self.out_layout!r}")
         for function in functions:
             program = analyze(function)
             if program.online is None:
@@ -218,7 +214,7 @@ class LowerToTilePass(ModulePass):
         assert isinstance(online, OnlineSoftmaxOp)
         block_m = online.plan.block_m.data
         hq = program.heads[0]
-        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out", order=OUT_ORDERS[self.out_layout])
+        out = host.alloc(online.output.type, {0: batch, 2: q_len}, "out", order=LAYOUT_ORDERS[self.out_layout])
         # The lse is always produced: the backward needs it and return_lse exposes it.
         assert isinstance(online.output.type, TensorType)
         out_shape = online.output.type.get_shape()

@@ -129,7 +129,18 @@ def reduce_step(op: ReduceSumOp, out: int, source: int) -> Step:
     return reduce
 
 
-def convert_step(out: int, source: int, dtype: torch.dtype) -> Step:
+def convert_step(out: int, source: int, dtype: torch.dtype, order: tuple[int, ...] | None = None) -> Step:
+    """`source` as `dtype` (its strides kept), or written in the memory order `order`."""
+    if order is not None:
+        inverse = tuple(order.index(d) for d in range(len(order)))
+
+        def convert_ordered(s: Slots) -> None:
+            x = s[source]
+            stored = x.new_empty(tuple(x.shape[d] for d in order), dtype=dtype)
+            s[out] = stored.permute(inverse).copy_(x)
+
+        return convert_ordered
+
     def convert(s: Slots) -> None:
         s[out] = s[source].to(dtype)
 

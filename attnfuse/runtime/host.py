@@ -211,9 +211,18 @@ class HostProgram:
                 UserWarning, stacklevel=6)
 
     def result_order(self, index: int) -> tuple[int, ...] | None:
-        """The memory order of result `index` when the host code allocates it with one."""
-        owner = self.ops[-1].operands[index].owner
-        return owner.dim_order() if isinstance(owner, AllocOp) else None
+        """The memory order of result `index` when the host code gives it one (an ordered
+        `host.alloc` or `host.convert`, through the `select`s that join guarded paths,
+        which allocate alike); None: row-major, or an argument's."""
+        value = self.ops[-1].operands[index]
+        while True:
+            owner = value.owner
+            if isinstance(owner, arith.SelectOp):
+                value = owner.lhs
+            elif isinstance(owner, ConvertOp) and owner.order is None:
+                value = owner.input
+            else:
+                return owner.dim_order() if isinstance(owner, (AllocOp, ConvertOp)) else None
 
     def plan_count(self) -> int:
         return len(self._plans)
@@ -377,7 +386,8 @@ class HostProgram:
         if isinstance(op, ConvertOp):
             ty = op.result.type
             assert isinstance(ty, TensorType)
-            return step_instruction(convert_step(out, self.slots[op.input], torch_dtype(ty.element_type)))
+            return step_instruction(convert_step(out, self.slots[op.input], torch_dtype(ty.element_type),
+                                                 op.dim_order()))
         raise TypeError(f"the runtime cannot execute host op {op.name}")
 
     def _alloc_instruction(self, op: AllocOp, out: int) -> Instruction:

@@ -29,6 +29,7 @@ import logging
 import re
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,9 @@ class OpSignature:
     saved: tuple[int, ...] = ()
     """Arguments whose transformed form (a pre-kernel's output) the forward op returns
     after lse, for the autograd formula to save in their place (`attnfuse.saved`)."""
+    grad_orders: tuple[tuple[int, ...] | None, ...] = ()
+    """The memory order of each gradient the backward returns (as `out_order`; empty:
+    all contiguous)."""
 
     @property
     def op_name(self) -> str:
@@ -163,12 +167,7 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
         q = args[q_index]
         batch, length = q.shape[0], q.shape[2]
         shape = (batch, signature.out_heads, length, signature.out_dim)
-        order = signature.out_order
-        if order is None:
-            out = q.new_empty(shape, dtype=signature.out_dtype)
-        else:  # the strides the host code gives it
-            stored = q.new_empty(tuple(shape[d] for d in order), dtype=signature.out_dtype)
-            out = stored.permute(tuple(order.index(d) for d in range(len(order))))
+        out = _empty(q, shape, signature.out_dtype, signature.out_order)
         lse = q.new_empty((batch, signature.out_heads, length), dtype=torch.float32)
         return (out, lse, *(args[i].new_empty(args[i].shape) for i in signature.saved))
 
@@ -190,7 +189,9 @@ def _define(signature: OpSignature, runner: Runner, entry: _Entry) -> Ops:
 
     def fake_backward(*args: Any) -> list[torch.Tensor]:
         inputs = args[: len(signature.parameters)]
-        return [inputs[i].new_empty(checker.expected_shape(i, inputs)) for i in signature.grad_of]
+        orders = signature.grad_orders or (None,) * len(signature.grad_of)
+        return [_empty(inputs[i], checker.expected_shape(i, inputs), inputs[i].dtype, order)
+                for i, order in zip(signature.grad_of, orders)]
 
     backward_op = torch.library.custom_op(f"{qualname}_backward", run_backward, mutates_args=(),
                                           schema=backward_schema)
@@ -258,3 +259,12 @@ def _register_autograd(forward_op: Any, backward_op: torch._ops.OpOverload, sign
         return tuple(grads)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
+
+
+def _empty(like: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, order: tuple[int, ...] | None) -> torch.Tensor:
+    """An uninitialized tensor with the strides the host code gives a result of memory
+    order `order` (None: contiguous)."""
+    if order is None:
+        return like.new_empty(tuple(shape), dtype=dtype)
+    stored = like.new_empty(tuple(shape[d] for d in order), dtype=dtype)
+    return stored.permute(tuple(order.index(d) for d in range(len(order))))

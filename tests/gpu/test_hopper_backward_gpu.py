@@ -33,14 +33,19 @@ from attnfuse.testing import GRAD_TOLERANCE, make_inputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-_FNS: dict[tuple[str, bool], Any] = {}
+_FNS: dict[tuple[str, bool, bool], Any] = {}
 
 
-def compiled(name: str, hopper: bool) -> Any:
-    """`name` with lower-backward{hopper-backward=hopper} (false: the Triton backward)."""
-    if (name, hopper) not in _FNS:
-        _FNS[(name, hopper)] = attnfuse.compile(BACKWARD_ELIGIBLE[name], pipeline=backward_pipeline(hopper=hopper))
-    return _FNS[(name, hopper)]
+def compiled(name: str, hopper: bool, bshd: bool = False) -> Any:
+    """`name` with lower-backward{hopper-backward=hopper} (false: the Triton backward);
+    `bshd`: the output and the gradients stored [B, S, H, D] (Hugging Face's pipeline)."""
+    if (name, hopper, bshd) not in _FNS:
+        pipe = backward_pipeline(hopper=hopper)
+        if bshd:
+            pipe = pipe.replace("{hopper-backward", "{grad-layout=bshd hopper-backward").replace(
+                "lower-to-tile", "lower-to-tile{out-layout=bshd}")
+        _FNS[(name, hopper, bshd)] = attnfuse.compile(BACKWARD_ELIGIBLE[name], pipeline=pipe)
+    return _FNS[(name, hopper, bshd)]
 
 
 def backward_kernels(fn: Any, before: Collection[Any] = ()) -> set[str]:
@@ -66,11 +71,12 @@ def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[f
 
 def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: bool, bshd: bool = False) -> dict[str, Any]:
     """dQ, dK, dV of the Hopper and the Triton backward against the float64 reference;
-    `bshd`: Q, K, V and the upstream gradient as [B, H, S, D] views of [B, S, H, D] memory."""
+    `bshd`: Q, K, V and the upstream gradient as [B, H, S, D] views of [B, S, H, D] memory,
+    the output and the gradients stored so (`grad-layout=bshd`)."""
     text = BACKWARD_ELIGIBLE[name]
     function = find_functions(parse_module_with_locations(make_context(), text, name)[0])[0]
     args = make_inputs(function, batch, q_len, kv_len, device="cuda", seed=q_len + kv_len)
-    on, off = compiled(name, True), compiled(name, False)
+    on, off = compiled(name, True, bshd), compiled(name, False, bshd)
     out = on(*args)
     d_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(out.dtype)
     if bshd:
@@ -79,6 +85,8 @@ def compare(name: str, batch: int, q_len: int, kv_len: int, *, expect_gluon: boo
     before = plan_keys(on)
     got, triton = gradients(on, args, d_out), gradients(off, args, d_out)
     torch.cuda.synchronize()
+    if bshd:
+        assert all(g.transpose(1, 2).is_contiguous() for g in got + triton), [g.stride() for g in got + triton]
     ran = backward_kernels(on, before)
     gluon = f"{name}_bwd_ws" in ran
     assert gluon == expect_gluon, f"{name}: ran {sorted(ran)}"
