@@ -42,7 +42,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // CHECK:       tile_hopper.func @llama_fwd_ws_score_masks(%s: tensor<64x128xf32>, %rows: tensor<64xi32>, %cols: tensor<128xi32>, {{.*}}) -> (tensor<64x128xf32>) {
 // CHECK:         %s_masked = tile.where
 // CHECK-NOT:   tile_hopper.func @llama_fwd_ws_score(
-// CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, %Q: !tile.ptr<bf16>,
+// CHECK:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 128]>, %k_desc_stride_r0: i32, %k_desc_stride_c0: i32, %k_desc_stride_r1: i32, %k_desc_stride_c1: i32, %v_desc: !tile_hopper.tma<bf16, [128, 128]>, {{.*}}, %o_desc: !tile_hopper.tma<bf16, [64, 128]>, {{.*}}, %o_desc_stride_c1: i32, %Q: !tile.ptr<bf16>,
 // CHECK-SAME:    num_warps = 4 : i64, maxnreg = 168 : i64
 // CHECK-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_tile, @llama_fwd_ws_score_masks, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
@@ -55,7 +55,7 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // FUSED:         %cos = math.cos %angle : tensor<8x64xf32>
 // The K ring is two allocations of 64-column tiles (the rope's halves): K's descriptor
 // loads a [128, 64] box.
-// FUSED:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 64]>, %v_desc: !tile_hopper.tma<bf16, [128, 128]>,
+// FUSED:       tile_hopper.kernel @llama_fwd_ws(%k_desc: !tile_hopper.tma<bf16, [128, 64]>, %k_desc_stride_r0: i32, {{.*}}, %v_desc: !tile_hopper.tma<bf16, [128, 128]>,
 // FUSED-SAME:    callees = [@llama_fwd_ws_range, @llama_fwd_ws_q, @llama_fwd_ws_tile, @llama_fwd_ws_score_masks, @llama_fwd_ws_k, @llama_fwd_ws_k_angles, @llama_fwd_ws_steps, @llama_fwd_ws_work]
 
 // OFF-NOT:     tma_ready
@@ -74,5 +74,5 @@ func.func @llama(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: ten
 // GLUON:       # kernel llama_fwd_ws
 // GLUON-NEXT:  #   num_warps=4 num_stages=1 maxnreg=168
 // GLUON:       @gluon.jit(do_not_specialize=['Sq', 'Skv', 'B'])
-// GLUON-NEXT:  def llama_fwd_ws(k_desc, v_desc, o_desc, Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, LSE,
+// GLUON-NEXT:  def llama_fwd_ws(k_desc, k_desc_stride_r0, k_desc_stride_c0, k_desc_stride_r1, k_desc_stride_c1, v_desc, {{.*}}, o_desc, {{.*}}, o_desc_stride_c1, Q, Q_stride0, Q_stride1, Q_stride2, Q_stride3, LSE,
 // GLUON:       gl.warp_specialize([
