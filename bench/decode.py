@@ -38,6 +38,7 @@ import attnfuse
 from attnfuse import reference
 from attnfuse.passes import DEFAULT_PIPELINE
 from attnfuse.program import analyze, find_functions
+from backward_profile import kernel_times
 from baselines import flex_baseline
 
 PROGRAM = """
@@ -142,7 +143,7 @@ def _graph_ms(fn: Callable[[], Any]) -> float:
 
 def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str,
         baseline_pipeline: str | None, page_size: int = 0, graphs: bool = False,
-        flex: bool = True, on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+        flex: bool = True, kernels: bool = False, on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
@@ -183,6 +184,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                             row[f"{name}_ms"] = _ms(call)
                             if graphs:
                                 row[f"{name}_graph_ms"] = _graph_ms(call)
+                            if kernels:
+                                row[f"{name}_kernel_us"] = kernel_times(call, 20)
                         except Exception as exc:  # reported, never hidden
                             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     row["attnfuse_kernels"] = launched(fn, [q, k, v])
@@ -259,6 +262,8 @@ def main() -> None:
     parser.add_argument("--graphs", action="store_true",
                         help="also time every call replayed from a CUDA graph (`<impl>_graph_ms`)")
     parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles per shape)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also record each call's GPU time per kernel (`<impl>_kernel_us`, torch.profiler)")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     baseline = None if args.no_baseline_pipeline else DEFAULT_PIPELINE.replace("split-kv,", "")
@@ -271,7 +276,7 @@ def main() -> None:
         (args.out / "decode.md").write_text(summary(rows))
 
     rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size,
-               graphs=args.graphs, flex=not args.no_flex, on_row=write)
+               graphs=args.graphs, flex=not args.no_flex, kernels=args.kernels, on_row=write)
     print(summary(rows))
 
 
