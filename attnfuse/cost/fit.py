@@ -96,29 +96,59 @@ class Fit:
     rotation_exposure: float
     prekernel_efficiency: float
     rms_relative: float
+    k_rotation_exposure: float | None = None
+    k_norm_exposure: float | None = None
+    """Set by ``fit(..., split_k=True)``; the K norm's only where a case has one."""
+
+    @property
+    def constants(self) -> model.KernelConstants:
+        return model.KernelConstants(self.rotation_exposure, self.prekernel_efficiency, self.k_rotation_exposure,
+                                     self.k_norm_exposure)
 
 
-def fit(cases: Iterable[Case], target: Target) -> Fit:
-    """Least-squares constants for ``target`` (see the module docstring)."""
+def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = None, split_k: bool = False,
+        saved_sides: bool = True) -> Fit:
+    """Least-squares constants for ``target`` (see the module docstring). ``split_k``:
+    separate exposures for Q, for K's rotation and for K's norm (the Gluon schedule,
+    whose producer rotates K); ``efficiency``: the pre-kernel efficiency held fixed (a
+    per-kernel measurement) instead of fitted; ``saved_sides``: the backward of
+    :func:`~attnfuse.cost.model.backward_work` (False for sweeps before run 23)."""
     import numpy as np
 
+    cases = list(cases)
     rows, ys = [], []
     for case in cases:
-        t = case.times
-        base = added_work(case.shape, "hybrid")
+        t, shape = case.times, case.shape
+        weight = 1.0 / t["hybrid"]
+
+        def work(p: str) -> tuple[tuple[float, ...], float, int]:
+            w = added_work(shape, p)
+            moved, launches = w.prekernel_bytes, w.launches
+            if case.backward:
+                bwd = model.backward_work(shape, p, saved_sides=saved_sides)
+                moved, launches = moved + bwd.prekernel_bytes, launches + bwd.launches
+            q_side, k_rot, k_norm = w.in_kernel_seconds(target, shape)
+            return (q_side, k_rot, k_norm) if split_k else (q_side + k_rot + k_norm,), moved, launches
+
+        base = work("hybrid")
         for p in ("fused", "separate"):
-            w = added_work(case.shape, p)
-            launches = (w.launches - base.launches) * model.LAUNCH_S
-            weight = 1.0 / t["hybrid"]
-            rows.append([
-                weight * (w.in_kernel_seconds(target, case.shape) - base.in_kernel_seconds(target, case.shape)),
-                weight * (w.prekernel_bytes - base.prekernel_bytes) / target.bandwidth(),
-            ])
-            ys.append(weight * (t[p] - t["hybrid"] - launches))
+            kernel, moved, launches = work(p)
+            row = [weight * (x - x0) for x, x0 in zip(kernel, base[0], strict=True)]
+            rows.append([*row, weight * (moved - base[1]) / target.bandwidth()])
+            ys.append(weight * (t[p] - t["hybrid"] - (launches - base[2]) * model.LAUNCH_S))
     a, y = np.array(rows), np.array(ys)
-    (exposure, inverse_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
-    rms = float(np.sqrt(np.mean((a @ np.array([exposure, inverse_eff]) - y) ** 2)))
-    return Fit(float(exposure), float(1.0 / inverse_eff), rms)
+    used = [i for i in range(a.shape[1] - 1) if np.any(a[:, i])] + [a.shape[1] - 1]
+    if efficiency is not None:
+        y = y - a[:, -1] / efficiency
+        used = used[:-1]
+    solution, *_ = np.linalg.lstsq(a[:, used], y, rcond=None)
+    rms = float(np.sqrt(np.mean((a[:, used] @ solution - y) ** 2)))
+    values = dict(zip(used, (float(x) for x in solution), strict=True))
+    inverse_eff = values.pop(a.shape[1] - 1, None)
+    found = Fit(values[0], efficiency if inverse_eff is None else 1.0 / inverse_eff, rms)
+    if split_k:
+        found = Fit(found.rotation_exposure, found.prekernel_efficiency, rms, values.get(1), values.get(2))
+    return found
 
 
 @dataclass(frozen=True)
@@ -139,12 +169,12 @@ class Score:
         return max((m[4] for m in self.misses), default=0.0)
 
 
-def score(cases: Iterable[Case], target: Target) -> Score:
+def score(cases: Iterable[Case], target: Target, *, saved_sides: bool = True) -> Score:
     """Compare :func:`~attnfuse.cost.model.choose` with the measured-fastest placement."""
     cases = list(cases)
     misses = []
     for case in cases:
-        chosen = model.choose(case.shape, target, backward=case.backward)
+        chosen = model.choose(case.shape, target, backward=case.backward, saved_sides=saved_sides)
         if chosen != case.fastest:
             t = case.times
             loss = t[chosen] / t[case.fastest] - 1

@@ -10,19 +10,21 @@ Every placement runs the same attention; they differ in the work they add
 
 A QK-norm moves with its side's RoPE: in a pre-kernel it adds no bytes (the same
 pre-kernel reads and writes the row once); in the kernel each element the kernel
-rotates is also normalized (:func:`norm_seconds`, exposed as the rotation is: not
-fitted separately, no measured placement sweep has a QK-norm).
+rotates is also normalized (:func:`norm_seconds`).
 
 A pre-kernel costs its bytes over a fitted efficiency times the target's bandwidth,
-plus :data:`LAUNCH_S`. An element rotated in the kernel costs :func:`rotation_seconds`
-(FP32 vector work, a shared-memory round trip and the cos/sin table read from L2)
-times a fitted exposure, the part that nothing overlaps. The two constants belong to
-the forward kernel that runs (:class:`KernelConstants`): :data:`TRITON`, fitted to the
-Triton kernel on the H200 sweep of run 14, and :data:`HOPPER`, fitted to sm_90's
-warp-specialized Gluon schedule (run 26's sweep), whose producer warpgroup rotates K
-beside the consumers' matmuls (:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption
-(on those sweeps, whose batch x sequence is fixed, it cannot be told apart from the
-pre-kernel bandwidth).
+plus :data:`LAUNCH_S`. An element transformed in the kernel costs :func:`rotation_seconds`
+(FP32 vector work, a shared-memory round trip and the cos/sin table read from L2), or
+:func:`norm_seconds`, times a fitted exposure, the part that nothing overlaps: one for
+Q (rotated once per program) and, on sm_90's Gluon schedule, whose producer warpgroup
+rotates each K tile beside the consumers' matmuls, one for K's rotation and one for
+K's norm. The constants belong to the forward kernel that runs
+(:class:`KernelConstants`): :data:`TRITON`, fitted to the Triton kernel on the H200
+sweep of run 14, and :data:`HOPPER`, fitted to the Gluon kernels (run 30's sweep;
+:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption (on those sweeps, whose
+batch x sequence is fixed, it cannot be told apart from the pre-kernel bandwidth).
+The backward (:func:`backward_work`) rotates dQ and dK back for every placement and
+recomputes the sides the forward did not save: K after `fused`, QK-normed sides always.
 The cos/sin table is built once per shape class, so it is reported, not charged per call.
 """
 
@@ -44,6 +46,7 @@ __all__ = [
     "KernelConstants",
     "Work",
     "added_work",
+    "backward_work",
     "Prediction",
     "choose",
     "crossover",
@@ -63,17 +66,36 @@ class KernelConstants:
     """The fitted constants of one forward kernel family."""
 
     rotation_exposure: float
-    """Exposed in-kernel rotation time / :func:`rotation_seconds`."""
+    """Exposed in-kernel rotation time / :func:`rotation_seconds` of Q (rotated once per
+    program, in its prologue) and, unless :attr:`k_rotation_exposure` says otherwise, of K."""
     prekernel_efficiency: float
     """A pre-kernel's achieved fraction of the target's bandwidth."""
+    k_rotation_exposure: float | None = None
+    """The same for K tiles transformed in the kernel once per visiting q block (`fused`);
+    None: :attr:`rotation_exposure`."""
+    k_norm_exposure: float | None = None
+    """Exposed time / :func:`norm_seconds` of a K QK-norm in the kernel; None: the K
+    rotation's exposure."""
+
+    @property
+    def k_exposure(self) -> float:
+        return self.rotation_exposure if self.k_rotation_exposure is None else self.k_rotation_exposure
+
+    @property
+    def k_norm(self) -> float:
+        return self.k_exposure if self.k_norm_exposure is None else self.k_norm_exposure
 
 
 TRITON = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545)
-"""Fitted to the Triton forward kernel (run 14, H200, 14 cases)."""
-HOPPER = KernelConstants(rotation_exposure=1.579, prekernel_efficiency=0.816)
-"""Fitted to the sm_90 warp-specialized Gluon kernels (run 26's sweep, H200: 156 cases of
-six families, S = 256 .. 65536, forward and forward + backward; run 20's four forward
-points gave 0.807 / 0.793)."""
+"""Fitted to the Triton forward kernel (run 14, H200, 14 cases; one exposure for both sides)."""
+HOPPER = KernelConstants(rotation_exposure=1.402, prekernel_efficiency=0.816, k_rotation_exposure=0.876,
+                         k_norm_exposure=19.33)
+"""Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 156
+cases of six families, S = 256 .. 65536, forward and forward + backward), the pre-kernel
+efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for the K, 0.92 for
+the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
+matmuls are partly hidden (0.88), Q rotated in the consumers' prologue is not (1.40); a
+K QK-norm in the producer costs 19x its FLOP count (a row reduction per visit)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""
@@ -184,7 +206,7 @@ class Prediction:
     prekernels: float
     in_kernel_rotation: float
     backward_transforms: float
-    """Rotation (and its transpose) pre/post-kernels of the backward: every placement."""
+    """The backward's RoPE / QK-norm pre- and post-kernels (:func:`backward_work`)."""
     table_build: float
     """One-time cos/sin table build per shape class (not in :attr:`total`)."""
 
@@ -210,11 +232,22 @@ class Work:
     """Extra kernel launches."""
     normed_elements: int = 0
     """Elements QK-normalized inside the attention kernel."""
+    k_rotated_elements: int = 0
+    k_normed_elements: int = 0
+    """The K tiles' part of :attr:`rotated_elements` / :attr:`normed_elements`."""
 
-    def in_kernel_seconds(self, target: Target, shape: AttentionShape) -> float:
-        """The in-kernel transforms' time before exposure."""
-        return (rotation_seconds(target, shape.dtype) * self.rotated_elements
-                + norm_seconds(target, shape.head_dim) * self.normed_elements)
+    def in_kernel_seconds(self, target: Target, shape: AttentionShape) -> tuple[float, float, float]:
+        """The in-kernel transforms' time before exposure: (Q side, K rotation, K norm)."""
+        rot, norm = rotation_seconds(target, shape.dtype), norm_seconds(target, shape.head_dim)
+        q_side = (rot * (self.rotated_elements - self.k_rotated_elements)
+                  + norm * (self.normed_elements - self.k_normed_elements))
+        return q_side, rot * self.k_rotated_elements, norm * self.k_normed_elements
+
+    def exposed_seconds(self, target: Target, shape: AttentionShape) -> float:
+        """The in-kernel transforms' exposed time: each part times its exposure."""
+        k = shape.constants
+        q_side, k_rot, k_norm = self.in_kernel_seconds(target, shape)
+        return k.rotation_exposure * q_side + k.k_exposure * k_rot + k.k_norm * k_norm
 
 
 def added_work(shape: AttentionShape, placement: str) -> Work:
@@ -231,34 +264,60 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
         return Work(q_rotation, per_head * hkv, 1, q_normed)
     fused_tiles = AttentionShape(**{**shape.__dict__, "block_m": shape.fused_block_m, "block_n": shape.fused_block_n})
     k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(fused_tiles) * d
-    return Work(q_rotation + k_visits, 0, 0, q_normed + (k_visits if shape.k_norm else 0))
+    k_normed = k_visits if shape.k_norm else 0
+    return Work(q_rotation + k_visits, 0, 0, q_normed + k_normed, k_visits, k_normed)
 
 
 def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
     """(pre-kernel seconds, exposed in-kernel rotation seconds) of ``work``."""
     k = shape.constants
     pre = work.prekernel_bytes / (k.prekernel_efficiency * target.bandwidth()) + work.launches * LAUNCH_S
-    rotation = k.rotation_exposure * work.in_kernel_seconds(target, shape)
-    return pre, rotation
+    return pre, work.exposed_seconds(target, shape)
 
 
-def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False) -> Prediction:
-    """Predicted time of ``placement`` (forward, or forward + backward)."""
+def backward_work(shape: AttentionShape, placement: str, *, saved_sides: bool = True) -> Work:
+    """The RoPE / QK-norm work of the backward of ``placement``: dQ and dK rotated back
+    after the backward kernels (every placement), and each side the forward did not
+    save recomputed in a pre-kernel. A side is saved when RoPE alone transforms it
+    (`lower-backward`'s `saved_sides`) and a pre-kernel computed it, or, for Q, the
+    forward kernel, which then writes the rotated Q once; K rotated in the kernel
+    (`fused`) is recomputed. ``saved_sides=False``: the backward before run 23, which
+    recomputed both sides for every placement."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got '{placement}'")
+    b, hq, hkv, s, d = shape.batch, shape.q_heads, shape.kv_heads, shape.seq_len, shape.head_dim
+    per_head = 2 * b * s * d * shape.elem_bytes
+    post = per_head * (hq + hkv)
+    if not saved_sides:
+        return Work(0, 2 * post, 4)
+    moved, launches = post, 2
+    if shape.q_norm:
+        moved, launches = moved + per_head * hq, launches + 1
+    elif placement != "separate":
+        moved += per_head * hq // 2
+    if shape.k_norm or placement == "fused":
+        moved, launches = moved + per_head * hkv, launches + 1
+    return Work(0, moved, launches)
+
+
+def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False,
+            saved_sides: bool = True) -> Prediction:
+    """Predicted time of ``placement`` (forward, or forward + backward; ``saved_sides``:
+    see :func:`backward_work`)."""
     b, hq, s, d = shape.batch, shape.q_heads, shape.seq_len, shape.head_dim
     flops = 4.0 * b * hq * min(shape.block_m, s) * visited_kv_rows(shape) * d  # whole tiles
     attention = flops / target.matmul_flops(shape.dtype) * (3.5 if backward else 1.0)
     pre, rotation = _seconds(added_work(shape, placement), shape, target)
     bwd = 0.0
-    if backward:  # Q and K rotated before, dQ and dK rotated back after the backward kernels
-        bwd_work = Work(0, 2 * added_work(shape, "separate").prekernel_bytes, 4)
-        bwd = _seconds(bwd_work, shape, target)[0]
+    if backward:
+        bwd = _seconds(backward_work(shape, placement, saved_sides=saved_sides), shape, target)[0]
     table = s * d / target.sfu_ops + s * d * 2 / target.bandwidth()
     return Prediction(placement, attention, pre, rotation, bwd, table)
 
 
-def choose(shape: AttentionShape, target: Target, *, backward: bool = False) -> str:
+def choose(shape: AttentionShape, target: Target, *, backward: bool = False, saved_sides: bool = True) -> str:
     """The placement with the smallest predicted time (ties: the earlier in PLACEMENTS)."""
-    return min(PLACEMENTS, key=lambda p: predict(shape, target, p, backward=backward).total)
+    return min(PLACEMENTS, key=lambda p: predict(shape, target, p, backward=backward, saved_sides=saved_sides).total)
 
 
 def extra_at_tokens(shape: AttentionShape, target: Target, placement: str, seq_len: int) -> float:
@@ -295,8 +354,9 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     """The crossover of ``fused`` against ``b`` for a causal mask without window, in
     closed form (docs/cost-model.md), with launches spread over batch x S tokens.
 
-    ``fused`` adds ``E c_k Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
-    own q block ``fused_block_m``; ``c_k`` the rotation, plus the norm with a K QK-norm)
+    ``fused`` adds ``c_k Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
+    own q block ``fused_block_m``; ``c_k`` the exposed K rotation, plus the norm with a
+    K QK-norm)
     while ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch;
     ``separate`` also the Q pre-kernel and a launch, less the Q transforms (``c_q``)
     that ``fused`` keeps.
@@ -304,10 +364,10 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     if not shape.causal or shape.window is not None:
         raise ValueError("the closed form covers causal masks without a window")
     n, d, hq, hkv = shape.batch * shape.seq_len, shape.head_dim, shape.q_heads, shape.kv_heads
-    exposure = shape.constants.rotation_exposure
+    k = shape.constants
     rotation, norm = rotation_seconds(target, shape.dtype), norm_seconds(target, d)
-    c_q = exposure * (rotation + (norm if shape.q_norm else 0.0))
-    c_k = exposure * (rotation + (norm if shape.k_norm else 0.0))
+    c_q = k.rotation_exposure * (rotation + (norm if shape.q_norm else 0.0))
+    c_k = k.k_exposure * rotation + (k.k_norm * norm if shape.k_norm else 0.0)
     bw = shape.constants.prekernel_efficiency * target.bandwidth()
     pre = 2 * hkv * shape.elem_bytes / bw + LAUNCH_S / (n * d)
     if b == "separate":

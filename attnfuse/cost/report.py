@@ -37,7 +37,7 @@ def cost_report(name: str, shape: AttentionShape, target: Target) -> str:
         fwd, both = predict(shape, target, p), predict(shape, target, p, backward=True)
         lines.append(
             f"//   {p:<10} {fwd.total * 1e6:9.1f} ({fwd.extra * 1e6:7.1f}) "
-            f"{both.total * 1e6:11.1f} ({both.extra * 1e6:7.1f})"
+            f"{both.total * 1e6:11.1f} ({(both.extra + both.backward_transforms) * 1e6:7.1f})"
         )
     lines.append(f"//   choice: {choose(shape, target)} (forward), {choose(shape, target, backward=True)} (fwd+bwd)")
     for other in ("hybrid", "separate"):

@@ -1,14 +1,17 @@
 """The model against the stored H200 measurements (docs/bench/: run 14 on the Triton
-forward, run 26's sweep and run 20 on the Gluon kernels; run 11 loads as history)."""
+forward, run 30's rounds sweep, run 26's sweep and run 20 on the Gluon kernels; run 11
+loads as history). Runs before 23 had no saved sides in the backward
+(`saved_sides=False`)."""
 
 from __future__ import annotations
 
+import unittest.mock
 from pathlib import Path
 
 import pytest
 
 from attnfuse.cost import model
-from attnfuse.cost.fit import LLAMA3_8B, LLAMA3_8B_HOPPER, fit, load_cases, load_sweep, score
+from attnfuse.cost.fit import LLAMA3_8B, LLAMA3_8B_HOPPER, Case, fit, load_cases, load_sweep, score
 from attnfuse.cost.target import get_target
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -19,6 +22,8 @@ RUN11 = load_cases(BENCH / "h200-run11-sweep.json", {"sweep": False, "sweep_trai
 RUN20 = load_cases(BENCH / "h200-run20" / "split_k" / "forward.json", {"forward": False}, base=LLAMA3_8B_HOPPER)
 RUN26 = load_sweep(BENCH / "h200-run26" / "cost_sweep.json")
 RUN26_GLUON = [c for c in RUN26 if c.shape.hopper]
+RUN30 = load_sweep(BENCH / "h200-run30" / "cost_sweep.json")
+RUN30_GLUON = [c for c in RUN30 if c.shape.hopper]
 
 
 def test_cases_loaded() -> None:
@@ -29,32 +34,64 @@ def test_cases_loaded() -> None:
 
 def test_constants_are_the_fit_of_run14() -> None:
     """The constants in model.py are what fit() returns on run 14's sweep (rounded)."""
-    result = fit(RUN14, H200)
+    result = fit(RUN14, H200, saved_sides=False)
     assert result.rotation_exposure == pytest.approx(model.TRITON.rotation_exposure, rel=2e-3)
     assert result.prekernel_efficiency == pytest.approx(model.TRITON.prekernel_efficiency, rel=2e-3)
     assert result.rms_relative < 0.03  # differences to hybrid, relative to hybrid's time
 
 
-def test_hopper_constants_are_the_fit_of_run26() -> None:
-    """The Gluon kernels' constants are what fit() returns on run 26's sweep (the six
-    families the Gluon forward serves: head dims 64 and 128, GQA groups 1 / 4 / 8, a
-    window, a QK-norm; S = 256 .. 65536; forward and forward + backward)."""
-    assert len(RUN26) == 182 and len(RUN26_GLUON) == 156
-    result = fit(RUN26_GLUON, H200)
+def test_hopper_constants_are_the_fit_of_run30() -> None:
+    """The Gluon kernels' constants are what fit() returns on run 30's rounds sweep (the
+    six families the Gluon forward serves: head dims 64 and 128, GQA groups 1 / 4 / 8, a
+    window, a QK-norm; S = 256 .. 65536; forward and forward + backward), the pre-kernel
+    efficiency held at 0.816 and the Q, K-rotation and K-norm exposures fitted apart."""
+    assert len(RUN30) == 172 and len(RUN30_GLUON) == 156
+    result = fit(RUN30_GLUON, H200, efficiency=model.HOPPER.prekernel_efficiency, split_k=True)
     assert result.rotation_exposure == pytest.approx(model.HOPPER.rotation_exposure, rel=2e-3)
-    assert result.prekernel_efficiency == pytest.approx(model.HOPPER.prekernel_efficiency, rel=2e-3)
-    # a poor fit (docs/cost-model.md, run 26): what a placement does to the attention
-    # kernel itself is not in the model
-    assert 0.1 < result.rms_relative < 0.25
-    assert model.HOPPER.rotation_exposure < model.TRITON.rotation_exposure
+    assert result.k_rotation_exposure == pytest.approx(model.HOPPER.k_rotation_exposure, rel=2e-3)
+    assert result.k_norm_exposure == pytest.approx(model.HOPPER.k_norm_exposure, rel=2e-3)
+    assert result.rms_relative < 0.08  # run 26's two-constant fit: 0.19
+    # K rotated by the producer beside the matmuls hides partly; Q in the prologue does not
+    assert model.HOPPER.k_exposure < 1.0 < model.HOPPER.rotation_exposure < model.TRITON.rotation_exposure
+    # one shared exposure, the pre-kernel efficiency fitted: a worse fit of the same cases
+    assert fit(RUN30_GLUON, H200).rms_relative > 2 * result.rms_relative
+
+
+def test_fit_holds_out_families() -> None:
+    """Fitted without one family, the constants choose that family's placements about as
+    well as fitted with it: 136 of 156 choices right over the six held-out fits, the
+    same as the fit on all six."""
+    def key(c: Case) -> tuple[object, ...]:
+        return c.shape.head_dim, c.shape.kv_heads, c.shape.window, c.shape.k_norm
+
+    families = sorted({key(c) for c in RUN30_GLUON}, key=str)
+    hits = 0
+    for held in families:
+        trained = fit([c for c in RUN30_GLUON if key(c) != held], H200, efficiency=0.816, split_k=True)
+        shape_constants = trained.constants
+        if trained.k_norm_exposure is None:  # the held-out family is the only one with a K norm
+            shape_constants = model.KernelConstants(trained.rotation_exposure, 0.816, trained.k_rotation_exposure,
+                                                    model.HOPPER.k_norm_exposure)
+        with unittest.mock.patch.object(model, "HOPPER", shape_constants):
+            hits += score([c for c in RUN30_GLUON if key(c) == held], H200).hits
+    assert len(families) == 6 and hits == 136
+
+
+def test_auto_on_run30_sweep() -> None:
+    """Where the model stands on run 30's rounds sweep (medians of three timings): 150 of
+    172 choices right (87%; the issue asks 90%), 5 misses above 3%. A single round of
+    the same sweep picks the medians' fastest placement in 90% of cases
+    (docs/cost-model.md)."""
+    result = score(RUN30, H200)
+    assert (result.cases, result.hits) == (172, 150)
+    assert sum(loss > 0.03 for *_, loss in result.misses) == 5
 
 
 def test_auto_on_run26_sweep() -> None:
-    """Where the model stands on the Gluon kernels: 128 of 156 choices right (82%, the
-    issue asks 90%), the worst miss 9.3% (it asks < 3%)."""
+    """Run 26's single timings of the Gluon families (not in the fit): 132 of 156 right
+    (128 with run 26's own two-constant fit)."""
     result = score(RUN26_GLUON, H200)
-    assert (result.cases, result.hits) == (156, 128)
-    assert result.worst_loss < 0.1
+    assert (result.cases, result.hits) == (156, 132)
 
 
 def test_auto_on_run20_forward() -> None:
@@ -68,7 +105,7 @@ def test_auto_on_run14_sweep() -> None:
     """The issue's bar on the sweep: >= 90% of choices right, < 3% lost per miss. 13 of
     14: the miss is hybrid chosen at S = 16384 forward + backward, where separate
     measured 2.1% faster."""
-    result = score(RUN14, H200)
+    result = score(RUN14, H200, saved_sides=False)
     assert result.cases == 14 and result.hits == 13 and result.hit_rate >= 0.9
     assert [(s, bwd, chosen, fastest) for s, bwd, chosen, fastest, _ in result.misses] == [
         (16384, True, "hybrid", "separate")]
@@ -78,7 +115,7 @@ def test_auto_on_run14_sweep() -> None:
 def test_auto_on_run14_main_sections() -> None:
     """Run 14's forward / training sections (not in the fit): 5 of 7; both misses are
     hybrid chosen at 16384 where separate measured 1.7% / 0.5% faster."""
-    result = score(RUN14_MAIN, H200)
+    result = score(RUN14_MAIN, H200, saved_sides=False)
     assert result.hits == 5 and result.worst_loss < 0.02
     assert {(s, fastest) for s, _, _, fastest, _ in result.misses} == {(16384, "separate")}
 
@@ -88,7 +125,8 @@ def test_fused_never_fastest_and_model_agrees() -> None:
     win at S = 256 in run 11 is gone now that the pre-kernels read cos/sin tables); the
     model's crossover is below the smallest measured S."""
     assert all(c.fastest != "fused" for c in RUN14 + RUN14_MAIN)
-    assert all(model.choose(c.shape, H200, backward=c.backward) != "fused" for c in RUN14 + RUN14_MAIN)
+    assert all(model.choose(c.shape, H200, backward=c.backward, saved_sides=False) != "fused"
+               for c in RUN14 + RUN14_MAIN)
     shape = model.AttentionShape(**{**LLAMA3_8B.__dict__, "batch": 64, "seq_len": 256})
     assert model.crossover_closed_form(shape, H200) < 256
     assert model.crossover(shape, H200) is None
