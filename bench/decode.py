@@ -192,7 +192,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if paged is not None:
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
                         del cache
-                row["splits"] = row["attnfuse_kernels"].get("decode_split_kv", 0)
+                row["splits"] = max((row["attnfuse_kernels"].get(f"decode_split_kv{tier}", 0) for tier in ("", "_small")))
                 _ratios(row, "ms", "")
                 _ratios(row, "graph_ms", "graph_")
                 rows.append(row)

@@ -16,7 +16,7 @@ docs/inference.md):
   `min_blocks` KV blocks per split.
 
 ```mlir
-#attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>
+#attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>
 #attn.split_kv<16x16, group 1, splits 3, waves 2, min_blocks 2>
 ```
 """
@@ -51,8 +51,8 @@ class SplitKVAttr(ParametrizedAttribute):
     waves: IntAttr
     min_blocks: IntAttr
 
-    def __init__(self, rows: int, block_n: int, *, group: int, splits: int = AUTO, waves: int = 2,
-                 min_blocks: int = 2) -> None:
+    def __init__(self, rows: int, block_n: int, *, group: int, splits: int = AUTO, waves: int = 1,
+                 min_blocks: int = 1) -> None:
         super().__init__(*(IntAttr(v) for v in (rows, block_n, group, splits, waves, min_blocks)))
 
     def verify(self) -> None:
@@ -76,7 +76,7 @@ class SplitKVAttr(ParametrizedAttribute):
             rows = parser.parse_shape_dimension(allow_dynamic=False)
             parser.parse_shape_delimiter()
             block_n = parser.parse_shape_dimension(allow_dynamic=False)
-            values = {"group": 0, "splits": AUTO, "waves": 2, "min_blocks": 2}
+            values = {"group": 0, "splits": AUTO, "waves": 1, "min_blocks": 1}
             given: set[str] = set()
             while parser.parse_optional_punctuation(",") is not None:
                 start = parser.pos

@@ -38,6 +38,7 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32
 from xdsl.ir import Operation, SSAValue
 
+from attnfuse.analysis.split_kv import SMALL_ROWS
 from attnfuse.analysis.tile_plan import k_transformed_in_kernel
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.tile import KernelOp
@@ -231,16 +232,23 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     o_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX, padded(v_dim)]),
                         {0: split_grid, 1: slots}, "o_part")
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
-    split_spec = dataclasses.replace(
-        spec, block_m=rows, block_n=block_n, block_map=None,
-        # Without an exact band every mask is applied to every tile (no block map here).
-        planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
-        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
-        launch={"role": StringAttr("split_kv")})
     name = f"{fname}_split_kv"
-    kernel = SplitKernel(split_spec, name, plan, o_part, lse_part)
-    kernels: list[Operation] = [kernel.build()]
-    host.launch(name, [split_grid, host.mul(spec.batch, hk, "split_bh"), one], kernel.sig.host_operands())
+    split_bh = host.mul(spec.batch, hk, "split_bh")
+    kernels: list[Operation] = []
+    tiers = [rows]
+    if plan.group.data <= SMALL_ROWS < rows:
+        tiers.insert(0, SMALL_ROWS)
+    grid = split_grid
+    for tier in tiers:
+        tier_name = name if tier == rows else f"{name}_small"
+        tier_grid = grid
+        if tier != rows:  # calls whose packed rows fit the small tile take it; the rest the full one
+            small = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), "small_tile")
+            tier_grid = host.emit(arith.SelectOp(small, split_grid, host.const(0)), "small_split_grid")
+            grid = host.emit(arith.SelectOp(small, host.const(0), split_grid), "full_split_grid")
+        kernel = SplitKernel(_tier_spec(spec, tier, block_n), tier_name, plan, o_part, lse_part)
+        kernels.append(kernel.build())
+        host.launch(tier_name, [tier_grid, split_bh, one], kernel.sig.host_operands())
     several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
     combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
     combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
@@ -248,6 +256,18 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     kernels.append(combine)
     host.launch(f"{name}_combine", [combine_grid, host.mul(spec.batch, hq, "combine_bh"), one], operands)
     return SplitKVPath(kernels, decoding)
+
+
+def _tier_spec(spec: ForwardSpec, rows: int, block_n: int) -> ForwardSpec:
+    """The forward spec of the split kernel with tiles of `rows` packed rows."""
+    online = spec.program.online
+    assert online is not None
+    return dataclasses.replace(
+        spec, block_m=rows, block_n=block_n, block_map=None,
+        # Without an exact band every mask is applied to every tile (no block map here).
+        planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
+        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
+        launch={"role": StringAttr("split_kv")})
 
 
 def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:

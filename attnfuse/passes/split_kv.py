@@ -14,7 +14,7 @@ left as it is, and the reason is logged (logger `attnfuse.passes.split_kv`, INFO
 becomes, with 32 query heads over 8 KV heads,
 ```mlir
 %o = attn.online_softmax %m, %v {tile_plan = ...,
-    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>} : ...
+    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>} : ...
 ```
 """
 
@@ -55,9 +55,9 @@ class SplitKVPass(ModulePass):
     128 (16-bit inputs, head dims <= 128), 64 (wider heads) or 32 (f32)."""
     block_n: int = 0
     """Keys per KV block; 0 picks 64 (16-bit inputs, head dims <= 128), 32 or 16 (f32)."""
-    waves: int = 2
+    waves: int = 1
     """`auto` aims at this many programs per SM."""
-    min_blocks: int = 2
+    min_blocks: int = 1
     """`auto` gives each split at least this many KV blocks."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

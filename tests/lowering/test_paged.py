@@ -20,7 +20,7 @@ from split_kv_check import FACTOR, launches, relative_error
 
 import attnfuse
 from attnfuse import reference
-from attnfuse.analysis.split_kv import default_rows
+from attnfuse.analysis.split_kv import SMALL_ROWS, default_rows
 from attnfuse.program import ProgramError, analyze
 
 BLOCK = 16
@@ -53,7 +53,9 @@ def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtyp
     ran = launches(fn, args)
     group = program.heads // args[1].shape[1]
     rows = default_rows(analyze(next(iter(reference.parse_program(program.text).ops))))  # type: ignore[arg-type]
-    assert ("f_split_kv" in ran) == (split and q_len * group <= rows), ran
+    splits = split and q_len * group <= rows
+    small = splits and group <= SMALL_ROWS < rows and q_len * group <= SMALL_ROWS
+    assert ("f_split_kv" in ran, "f_split_kv_small" in ran) == (splits and not small, small), ran
     want = reference.run(program.text, *args)
     want = want[0] if isinstance(want, tuple) else want
     assert out.dtype == dtype and not torch.isnan(out).any()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from programs import Builder, Program
-from split_kv_check import check_decode, compile_split, launches
+from split_kv_check import check_decode, compile_split, launches, split_grid
 
 import attnfuse
 from attnfuse import reference
@@ -188,11 +188,11 @@ def test_building_block(block: str) -> None:
 
 def test_window_splits_the_band_not_the_cache() -> None:
     """A 24-key window over 300 keys: the host code sizes the split count from the 28
-    keys the band reaches (two blocks: one split), not from the 300 cached keys."""
+    keys the band reaches (two blocks: two splits), not from the 300 cached keys (19)."""
     p = causal().mask("sliding_window", left=23, right=0, **BR).build()
     args = p.inputs(1, 4, 300, 0)
     check_decode(p, 1, 4, 300, args=args)
-    assert launches(compile_split(p.text), args)["f_split_kv"][0] == 1
+    assert split_grid(compile_split(p.text), args)[0] == 2
 
 
 def test_infinite_sink() -> None:
@@ -202,7 +202,7 @@ def test_infinite_sink() -> None:
     args = p.inputs(2, 4, 70, 1)
     args[3] = torch.tensor([float("inf"), 0.3, -1.0, 2.0, 0.0, 1.0, float("inf"), -2.0])
     out, lse = compile_split(p.text)(*args)
-    assert launches(compile_split(p.text), args)["f_split_kv"][0] > 1
+    assert split_grid(compile_split(p.text), args)[0] > 1
     for h in (0, 6):
         assert (out[:, h] == 0).all() and torch.isposinf(lse[:, h]).all()
     check_decode(p, 2, 4, 70, args=args)
@@ -283,14 +283,14 @@ def _specialization(meta: KernelMetadata, template: list[Any]) -> tuple[Any, ...
 
 def test_split_count_follows_the_shape_not_the_kernel() -> None:
     """`auto` picks the split count per shape class from B, the KV heads, the keys and the
-    SM count (132 in the interpreter: at most 2 x 132 programs of B x 4 KV heads, at
-    least 2 blocks of 16 keys per split, no empty split); the split and combine kernels
+    SM count (132 in the interpreter: at most 132 programs of B x 4 KV heads, at least
+    one block of 16 keys per split, no empty split); the split and combine kernels
     are the same objects with the same specialization for every count, so a GPU compiles
     them once. (16 query heads keep every stride a multiple of 16 whatever the batch.)"""
     p = causal(hq=16, hkv=4).mask("causal", **BR).build()
     fn = compile_split(p.text)
     assert INTERPRETER_SM_COUNT == 132
-    expected = {(1, 16): 1, (1, 100): 4, (1, 300): 10, (20, 100): 3, (40, 100): 1}
+    expected = {(1, 16): 1, (1, 100): 7, (1, 300): 19, (8, 100): 4, (40, 100): 1}
     seen: dict[tuple[int, int], int] = {}
     kernels, keys = set(), set()
     for (batch, kv_len), splits in expected.items():
@@ -302,12 +302,13 @@ def test_split_count_follows_the_shape_not_the_kernel() -> None:
             if hasattr(step, "meta") and step.meta.name.startswith("f_split_kv"):
                 kernels.add((step.meta.name, id(step.kernel)))
                 keys.add((step.meta.name, _specialization(step.meta, step.template)))
-                if step.meta.name == "f_split_kv":
+                if step.meta.name == "f_split_kv_small":  # 4 packed rows: the 16-row tier
                     seen[(batch, kv_len)] = step.grid[0]
     assert seen == expected
     assert len(kernels) == len(keys) == 2, keys
     for name in ("B", "Sq", "Skv"):
-        assert name in fn._host.metadata["f_split_kv"].do_not_specialize  # noqa: SLF001
+        for kernel in ("f_split_kv", "f_split_kv_small"):
+            assert name in fn._host.metadata[kernel].do_not_specialize  # noqa: SLF001
     assert "splits" in fn._host.metadata["f_split_kv_combine"].do_not_specialize  # noqa: SLF001
 
 
@@ -317,7 +318,7 @@ def test_fixed_split_count() -> None:
     for kv_len, splits in ((100, 3), (20, 2)):
         args = p.inputs(2, 4, kv_len, 0)
         check_decode(p, 2, 4, kv_len, args=args, options="splits=3")
-        assert launches(compile_split(p.text, options="splits=3"), args)["f_split_kv"][0] == splits
+        assert split_grid(compile_split(p.text, options="splits=3"), args)[0] == splits
 
 
 def test_more_splits_than_one_combine_step() -> None:
@@ -325,4 +326,4 @@ def test_more_splits_than_one_combine_step() -> None:
     p = causal().mask("causal", **BR).build(sinks=True, lse=True)
     args = p.inputs(1, 4, 600, 2)
     check_decode(p, 1, 4, 600, args=args, options="splits=40")
-    assert launches(compile_split(p.text, options="splits=40"), args)["f_split_kv"][0] == 38
+    assert split_grid(compile_split(p.text, options="splits=40"), args)[0] == 38

@@ -54,11 +54,13 @@ def test_split_kernels_compile_for_sm90(name: str) -> None:
     module = parse_program(CASES[name])
     PassManager(DEFAULT_PIPELINE.replace("lower-backward,", "")).run(module, make_context())
     kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, KernelOp)}
-    for kernel_name in ("f_split_kv", "f_split_kv_combine"):
+    for kernel_name in ("f_split_kv", "f_split_kv_small", "f_split_kv_combine"):
+        if kernel_name not in kernels:  # a group of more than 16 heads, or a 16-row full tile: one tier
+            continue
         compiled = compile_kernel_for_sm90(kernels[kernel_name], specialize=True)
         usage = ptxas_usage(compiled)
         shared = compiled.metadata.shared
         assert usage["spill_bytes"] == 0, f"{name} {kernel_name}: {usage}"
         assert shared <= SM90_SHARED_LIMIT, f"{name} {kernel_name}: {shared} bytes of shared memory"
-        if kernel_name == "f_split_kv":
+        if kernel_name != "f_split_kv_combine":
             assert shared <= SHARED_MEMORY_BUDGET // 2, f"{name}: {shared} bytes, more than half an SM"

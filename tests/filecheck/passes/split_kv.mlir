@@ -14,11 +14,12 @@
 // Llama 3 decoding against a cache: 4 query heads per KV head, packed 16 queries deep
 // into 64 rows; 64 keys per block (bf16, head dim 128).
 // CHECK-LABEL: func.func @llama(
-// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 2, min_blocks 2>}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>}
 // OPTS-LABEL:  func.func @llama(
 // OPTS:          split_kv = #attn.split_kv<32x16, group 4, splits 3, waves 4, min_blocks 1>
 
-// The host code: which path a call takes (its Sq x 4 rows fit 64), the split count from
+// The host code: which path a call takes (its Sq x 4 rows fit 16: the small split
+// kernel; 64: the full one; more: the usual kernel), the split count from
 // the batch, the 8 KV heads, the KV blocks and the SM count (`%sms`, queried once for the
 // function: the Hopper forward's persistent grid reads it too), the workspace, the split
 // and combine launches, and the usual forward kernel with a zero grid when decoding.
@@ -36,7 +37,11 @@
 // LOWER:         %workspace_slots = arith.select %decoding, %slots_padded, %{{.*}} : i32
 // LOWER-NEXT:    %o_part = host.alloc %split_grid, %workspace_slots : tensor<?x?x128xf32>
 // LOWER-NEXT:    %lse_part = host.alloc %split_grid, %workspace_slots : tensor<?x?xf32>
-// LOWER:         host.launch @llama_split_kv[%split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
+// LOWER:         %small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER:         %small_split_grid = arith.select %small_tile, %split_grid, %{{.*}} : i32
+// LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %split_grid : i32
+// LOWER:         host.launch @llama_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
+// LOWER-NEXT:    host.launch @llama_split_kv[%full_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
 // LOWER-NEXT:    %several_splits = arith.cmpi sgt, %split_grid, %one : i32
 // LOWER:         %combine_grid = arith.select %several_splits, %q_len, %{{.*}} : i32
 // LOWER:         host.launch @llama_split_kv_combine[%combine_grid, %combine_bh, %one] (%o_part, %lse_part, %out, %lse, %q_len, %split_grid)
@@ -92,7 +97,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 // gpt-oss: 8 query heads per KV head (128 rows), sinks, a 128-key window: the split
 // count follows the keys the window reaches, min(Skv, Sq + 127), not the whole cache.
 // CHECK-LABEL: func.func @gpt_oss(
-// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 2, min_blocks 2>
+// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 1, min_blocks 1>
 // LOWER-LABEL: func.func @gpt_oss(
 // LOWER:         %band_keys = arith.addi %q_len, %{{.*}} : i32
 // LOWER-NEXT:    %visited_keys = arith.minsi %kv_len, %band_keys : i32
@@ -112,7 +117,7 @@ func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: te
 
 // f32 (dots on FMA units, tiles in registers): at most 32 packed rows, 16 keys per block.
 // CHECK-LABEL: func.func @wide(
-// CHECK:         split_kv = #attn.split_kv<32x16, group 4, splits auto, waves 2, min_blocks 2>
+// CHECK:         split_kv = #attn.split_kv<32x16, group 4, splits auto, waves 1, min_blocks 1>
 func.func @wide(%q: tensor<?x8x?x256xf32>, %k: tensor<?x2x?x256xf32>, %v: tensor<?x2x?x256xf32>) -> tensor<?x8x?x256xf32> {
   %s = attn.scores %q, %k : tensor<?x8x?x256xf32>, tensor<?x2x?x256xf32> -> !attn.scores<?x8x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
