@@ -42,6 +42,7 @@ __all__ = [
     "LAUNCH_S",
     "PLACEMENTS",
     "TRITON",
+    "TRITON_WIDE",
     "AttentionShape",
     "KernelConstants",
     "Work",
@@ -76,6 +77,9 @@ class KernelConstants:
     k_norm_exposure: float | None = None
     """Exposed time / :func:`norm_seconds` of a K QK-norm in the kernel; None: the K
     rotation's exposure."""
+    q_drag: float = 0.0
+    """The attention kernel that transforms Q itself is slower by this fraction of the
+    attention floor (registers its main loop loses to the prologue's tiles)."""
 
     @property
     def k_exposure(self) -> float:
@@ -88,6 +92,11 @@ class KernelConstants:
 
 TRITON = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545)
 """Fitted to the Triton forward kernel (run 14, H200, 14 cases; one exposure for both sides)."""
+TRITON_WIDE = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545, q_drag=0.186)
+"""The Triton forward kernel at head dims above 128: as :data:`TRITON`, and the kernel
+that rotates Q is 19% of the attention floor slower at every S (run 30's head-dim-256
+family: 0.15-0.21, median 0.186, forward, S = 256 .. 65536); at head dim 128 (run 14)
+there is no such drag."""
 HOPPER = KernelConstants(rotation_exposure=1.402, prekernel_efficiency=0.816, k_rotation_exposure=0.876,
                          k_norm_exposure=19.33)
 """Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 156
@@ -154,7 +163,9 @@ class AttentionShape:
     @property
     def constants(self) -> KernelConstants:
         """The fitted constants of the forward kernel this shape runs."""
-        return HOPPER if self.hopper else TRITON
+        if self.hopper:
+            return HOPPER
+        return TRITON_WIDE if self.head_dim > 128 else TRITON
 
     @property
     def group(self) -> int:
@@ -308,6 +319,8 @@ def predict(shape: AttentionShape, target: Target, placement: str, *, backward: 
     flops = 4.0 * b * hq * min(shape.block_m, s) * visited_kv_rows(shape) * d  # whole tiles
     attention = flops / target.matmul_flops(shape.dtype) * (3.5 if backward else 1.0)
     pre, rotation = _seconds(added_work(shape, placement), shape, target)
+    if placement != "separate":
+        rotation += shape.constants.q_drag * flops / target.matmul_flops(shape.dtype)
     bwd = 0.0
     if backward:
         bwd = _seconds(backward_work(shape, placement, saved_sides=saved_sides), shape, target)[0]
@@ -359,7 +372,8 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     K QK-norm)
     while ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch;
     ``separate`` also the Q pre-kernel and a launch, less the Q transforms (``c_q``)
-    that ``fused`` keeps.
+    that ``fused`` keeps. A kernel's ``q_drag`` (head dims above 128 on the Triton
+    kernel) is left out; :func:`crossover` includes it.
     """
     if not shape.causal or shape.window is not None:
         raise ValueError("the closed form covers causal masks without a window")

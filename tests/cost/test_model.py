@@ -180,3 +180,49 @@ def test_shape_of_reads_the_qk_norms() -> None:
         program = analyze(find_functions(parse_program(examples.path(name).read_text()))[0])
         shape = shape_of(program, 4096)
         assert (shape.q_norm, shape.k_norm) == norms
+
+
+def test_backward_recomputes_the_sides_the_forward_did_not_save() -> None:
+    """The backward's transform work per placement: dQ and dK rotated back (every
+    placement); `fused` recomputes K (a K pre-kernel and a launch), `hybrid` and `fused`
+    have the forward kernel write the rotated Q (half a Q pre-kernel's bytes); a QK-normed
+    side is recomputed whatever the placement; without saved sides (before run 23) the
+    three are equal."""
+    per_head = 2 * LLAMA.batch * LLAMA.seq_len * LLAMA.head_dim * LLAMA.elem_bytes
+    post = per_head * (32 + 8)
+    work = {p: model.backward_work(LLAMA, p) for p in model.PLACEMENTS}
+    assert (work["separate"].prekernel_bytes, work["separate"].launches) == (post, 2)
+    assert (work["hybrid"].prekernel_bytes, work["hybrid"].launches) == (post + per_head * 32 // 2, 2)
+    assert (work["fused"].prekernel_bytes, work["fused"].launches) == (post + per_head * (32 // 2 + 8), 3)
+    normed = {p: model.backward_work(at(LLAMA, q_norm=True, k_norm=True), p) for p in model.PLACEMENTS}
+    assert len({(w.prekernel_bytes, w.launches) for w in normed.values()}) == 1
+    old = {p: model.backward_work(LLAMA, p, saved_sides=False) for p in model.PLACEMENTS}
+    assert len({(w.prekernel_bytes, w.launches) for w in old.values()}) == 1
+    # the backward's difference is what predict adds on top of the forward's
+    for p in model.PLACEMENTS:
+        both, fwd = predict(LLAMA, H200, p, backward=True), predict(LLAMA, H200, p)
+        bw = LLAMA.constants.prekernel_efficiency * H200.bandwidth()
+        assert both.backward_transforms == pytest.approx(work[p].prekernel_bytes / bw + work[p].launches * model.LAUNCH_S)
+        assert both.extra == pytest.approx(fwd.extra)
+
+
+def test_k_and_q_exposures_and_the_q_drag() -> None:
+    """On the Gluon kernel K's rotation and norm have their own exposures (the producer
+    rotates K beside the matmuls), Q keeps `rotation_exposure`; the Triton kernel above
+    head dim 128 adds `q_drag` x the attention floor to the placements that transform Q
+    in the kernel, and nothing at head dim 128."""
+    gluon = at(LLAMA, hopper=True, fused_block_m=128, fused_block_n=128, k_norm=True)
+    q_side, k_rot, k_norm = added_work(gluon, "fused").in_kernel_seconds(H200, gluon)
+    hopper = model.HOPPER
+    assert predict(gluon, H200, "fused").in_kernel_rotation == pytest.approx(
+        hopper.rotation_exposure * q_side + hopper.k_exposure * k_rot + hopper.k_norm * k_norm)
+    assert hopper.k_exposure != hopper.rotation_exposure and k_rot > 0 and k_norm > 0
+    wide = at(LLAMA, head_dim=256)
+    assert wide.constants is model.TRITON_WIDE and LLAMA.constants is model.TRITON
+    for p in model.PLACEMENTS:
+        dragged = predict(wide, H200, p)
+        undragged = dataclasses.replace(dragged, in_kernel_rotation=model.TRITON.rotation_exposure * sum(
+            added_work(wide, p).in_kernel_seconds(H200, wide)))
+        drag = model.TRITON_WIDE.q_drag * dragged.attention if p != "separate" else 0.0
+        assert dragged.in_kernel_rotation == pytest.approx(undragged.in_kernel_rotation + drag)
+    assert model.TRITON.q_drag == model.HOPPER.q_drag == 0.0
