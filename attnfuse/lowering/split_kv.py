@@ -242,8 +242,15 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     for tier in tiers:
         tier_name = name if tier == rows else f"{name}_small"
         tier_grid = grid
-        if tier != rows:  # calls whose packed rows fit the small tile take it; the rest the full one
-            small = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), "small_tile")
+        if tier != rows:
+            # Calls whose packed rows fit the small tile and whose programs fit one wave
+            # take it (latency-bound); the rest the full one, whose larger shared-memory
+            # footprint fits two programs per SM in whole waves (run 30: the 16-row tile
+            # lost 10% at B = 64).
+            fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), "fits_small_tile")
+            programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
+            one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
+            small = host.emit(arith.AndIOp(fits, one_wave), "small_tile")
             tier_grid = host.emit(arith.SelectOp(small, split_grid, host.const(0)), "small_split_grid")
             grid = host.emit(arith.SelectOp(small, host.const(0), split_grid), "full_split_grid")
         kernel = SplitKernel(_tier_spec(spec, tier, block_n), tier_name, plan, o_part, lse_part)

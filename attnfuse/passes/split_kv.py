@@ -28,6 +28,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from attnfuse.analysis.paging import paged_cache
 from attnfuse.analysis.split_kv import decode_tiles, default_rows, split_kv_blocker
 from attnfuse.dialects.attn_split_kv import AUTO, SplitKVAttr
 from attnfuse.program import ProgramError, analyze, find_functions
@@ -55,18 +56,20 @@ class SplitKVPass(ModulePass):
     128 (16-bit inputs, head dims <= 128), 64 (wider heads) or 32 (f32)."""
     block_n: int = 0
     """Keys per KV block; 0 picks 64 (16-bit inputs, head dims <= 128), 32 or 16 (f32)."""
-    waves: int = 1
-    """`auto` aims at this many programs per SM."""
-    min_blocks: int = 1
-    """`auto` gives each split at least this many KV blocks."""
+    waves: int = 0
+    """`auto` aims at this many programs per SM; 0: 1 on a contiguous cache, 2 on a paged
+    one (its per-tile block-table load wants more programs to hide behind)."""
+    min_blocks: int = 0
+    """`auto` gives each split at least this many KV blocks; 0: 1 on a contiguous cache,
+    2 on a paged one."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()
         _check_pow2(self.rows, "rows")
         _check_pow2(self.block_n, "block-n")
         for value, what in ((self.waves, "waves"), (self.min_blocks, "min-blocks")):
-            if value < 1:
-                raise ValueError(f"split-kv: {what} must be >= 1, got {value}")
+            if value < 0:
+                raise ValueError(f"split-kv: {what} must be >= 1 (or 0: by the cache's form), got {value}")
         for function in find_functions(op):
             program = analyze(function)
             online = program.online
@@ -79,9 +82,10 @@ class SplitKVPass(ModulePass):
                             function.sym_name.data, reason)
                 continue
             hq, hk, _ = program.heads
+            paged = paged_cache(program) is not None
             online.properties["split_kv"] = SplitKVAttr(
                 rows, self.block_n or decode_tiles(program)[1], group=hq // hk, splits=splits,
-                waves=self.waves, min_blocks=self.min_blocks)
+                waves=self.waves or (2 if paged else 1), min_blocks=self.min_blocks or (2 if paged else 1))
 
     def _splits(self) -> int:
         if self.splits == "auto":

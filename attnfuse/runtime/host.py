@@ -87,6 +87,7 @@ _INT_OPS: dict[type[Operation], Callable[..., int]] = {
     arith.MaxSIOp: max,
     arith.MinSIOp: min,
     arith.SelectOp: lambda c, a, b: a if c else b,
+    arith.AndIOp: lambda a, b: a and b,
 }
 """Scalar host ops and their meaning on Python ints (`arith.cmpi` below); `arith.select`
 also joins the tensors of two guarded paths."""

@@ -138,6 +138,6 @@ def test_one_kernel_serves_every_length() -> None:
         fn(*[a.cuda() for a in inputs(p, lens, 1, seed=n, dtype=torch.bfloat16)])
     torch.cuda.synchronize()
     kernels = load_kernels(fn.triton_source)
-    for name in ("paged_variants_split_kv_small", "paged_variants_split_kv_combine"):  # Sq = 1: 4 packed rows
+    for name in ("paged_variants_split_kv", "paged_variants_split_kv_small", "paged_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
         assert compiled <= 2, f"{name}: {compiled} compiled variants"

@@ -18,8 +18,8 @@
 // OPTS-LABEL:  func.func @llama(
 // OPTS:          split_kv = #attn.split_kv<32x16, group 4, splits 3, waves 4, min_blocks 1>
 
-// The host code: which path a call takes (its Sq x 4 rows fit 16: the small split
-// kernel; 64: the full one; more: the usual kernel), the split count from
+// The host code: which path a call takes (its Sq x 4 rows fit 16 and its programs one
+// wave: the small split kernel; 64: the full one; more: the usual kernel), the split count from
 // the batch, the 8 KV heads, the KV blocks and the SM count (`%sms`, queried once for the
 // function: the Hopper forward's persistent grid reads it too), the workspace, the split
 // and combine launches, and the usual forward kernel with a zero grid when decoding.
@@ -37,7 +37,10 @@
 // LOWER:         %workspace_slots = arith.select %decoding, %slots_padded, %{{.*}} : i32
 // LOWER-NEXT:    %o_part = host.alloc %split_grid, %workspace_slots : tensor<?x?x128xf32>
 // LOWER-NEXT:    %lse_part = host.alloc %split_grid, %workspace_slots : tensor<?x?xf32>
-// LOWER:         %small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER:         %fits_small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
+// LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
+// LOWER-NEXT:    %small_tile = arith.andi %fits_small_tile, %one_wave : i1
 // LOWER:         %small_split_grid = arith.select %small_tile, %split_grid, %{{.*}} : i32
 // LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %split_grid : i32
 // LOWER:         host.launch @llama_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
