@@ -277,12 +277,22 @@ def _tier_spec(spec: ForwardSpec, rows: int, block_n: int) -> ForwardSpec:
         launch={"role": StringAttr("split_kv")})
 
 
+LONG_SPLIT_BLOCKS = 256
+"""KV blocks (16384 keys at 64 per block) a split keeps when `auto` doubles its programs
+per SM: the H200 ran B = 16, Skv = 32768 at 0.98x SDPA with two splits and 0.95-0.96x
+with one, B = 16, Skv = 131072 at 0.99x with two (run 27) and 0.95x with one (run 30),
+while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30)."""
+
+
 def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:
     """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
     keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
     down: a partly filled last wave would take as long as a full one), each split at
-    least `min_blocks` KV blocks; always at least 1 and at most the KV blocks visited,
-    and rounded so that no split is empty."""
+    least `min_blocks` KV blocks; or, where that is more, two programs per SM (the split
+    kernel's shared memory is sized for two) with every split at least
+    `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
+    they lose to the combine); always at least 1 and at
+    most the KV blocks visited, and rounded so that no split is empty."""
     blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
                                      host.const(1)), "kv_blocks")
     if plan.is_auto():
@@ -291,7 +301,13 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
         per_sm = host.mul(host.sm_count(), plan.waves.data, "target_programs")
         by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
         by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
-        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MinSIOp(by_sms, by_work)), host.const(1)), "splits_wanted")
+        one_wave = host.emit(arith.MinSIOp(by_sms, by_work), "splits_one_wave")
+        two_per_sm = host.mul(host.sm_count(), 2, "two_per_sm")
+        by_two_per_sm = host.emit(arith.DivSIOp(two_per_sm, programs), "splits_two_per_sm")
+        long_splits = host.emit(arith.DivSIOp(blocks, host.const(LONG_SPLIT_BLOCKS)), "splits_long")
+        two_waves = host.emit(arith.MinSIOp(by_two_per_sm, long_splits), "splits_two_waves")
+        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), host.const(1)),
+                           "splits_wanted")
     else:
         wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
     per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
