@@ -1,12 +1,13 @@
 """Fit the model's free constants to measured placements, and score its choices.
 
-The measurements are the rows of a ``bench/run_all.py`` JSON file (docs/bench/): per
-sequence length, the time of each placement. :func:`fit` solves a weighted linear
-least-squares problem for the two constants that enter the model linearly (a
-:class:`~attnfuse.cost.model.KernelConstants`: the rotation exposure and 1 / the
-pre-kernel efficiency of the forward kernel the cases ran), on the measured differences
-``t(fused) - t(hybrid)`` and ``t(separate) - t(hybrid)`` (the attention itself cancels),
-each weighted by 1 / t(hybrid).
+The measurements are the rows of a ``bench/run_all.py`` or ``bench/cost_sweep.py`` JSON
+file (docs/bench/): per sequence length, the time of each placement. :func:`fit` solves
+a weighted linear least-squares problem for the constants that enter the model linearly
+(a :class:`~attnfuse.cost.model.KernelConstants`: the rotation exposure, or the Q, K
+rotation and K norm exposures apart, and 1 / the pre-kernel efficiency unless a
+measured one is given), on the measured differences ``t(fused) - t(hybrid)`` and
+``t(separate) - t(hybrid)`` (the attention itself cancels), each weighted by
+1 / t(hybrid). ``q_drag`` is not fitted here (see ``TRITON_WIDE``).
 """
 
 from __future__ import annotations
