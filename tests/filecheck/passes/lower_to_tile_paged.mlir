@@ -10,7 +10,8 @@
 // CHECK-NEXT:    %[[P:.*]] = arith.constant 8 : i32
 // CHECK-NEXT:    %kv_len = arith.muli %max_pages, %[[P]] : i32
 // CHECK-NEXT:    %num_pages = host.dim %kc[0] : tensor<?x2x8x32xf16>
-// CHECK:         host.launch @paged_split_kv[%split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK:         host.launch @paged_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK-NEXT:    host.launch @paged_split_kv[%full_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
 // CHECK:         host.launch @paged_fwd[%grid_m_1, %grid_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages)
 // CHECK-NOT:     @paged_backward
 
@@ -25,7 +26,10 @@
 // CHECK:         %page_row = arith.remsi %cols, %{{.*}} : tensor<16xi32>
 // CHECK:         %K_rows = arith.addi
 // CHECK:         %V_rows = arith.addi
-// The split kernel reads its sequence's keys the same way.
+// Both split kernels (16-row and full-tile) read their sequence's keys the same way.
+// CHECK-LABEL: tile.kernel @paged_split_kv_small(
+// CHECK:         %kv_seq_len = tile.load %kv_lens
+// CHECK:         %K_rows = arith.addi
 // CHECK-LABEL: tile.kernel @paged_split_kv(
 // CHECK:         %kv_seq_len = tile.load %kv_lens
 // CHECK:         %K_rows = arith.addi
