@@ -122,21 +122,23 @@ def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = Non
         t, shape = case.times, case.shape
         weight = 1.0 / t["hybrid"]
 
-        def work(p: str) -> tuple[tuple[float, ...], float, int]:
+        def work(p: str) -> tuple[tuple[float, ...], float, float]:
+            """(in-kernel seconds before exposure, pre-kernel bytes, seconds not fitted)."""
             w = added_work(shape, p)
-            moved, launches = w.prekernel_bytes, w.launches
+            moved, fixed = w.prekernel_bytes, w.launches * model.LAUNCH_S
             if case.backward:
                 bwd = model.backward_work(shape, p, saved_sides=saved_sides)
-                moved, launches = moved + bwd.prekernel_bytes, launches + bwd.launches
+                moved += bwd.prekernel_bytes
+                fixed += bwd.launches * model.LAUNCH_S + model.KERNEL_STORE_EXPOSURE * bwd.kernel_store_bytes / target.bandwidth()
             q_side, k_rot, k_norm = w.in_kernel_seconds(target, shape)
-            return (q_side, k_rot, k_norm) if split_k else (q_side + k_rot + k_norm,), moved, launches
+            return (q_side, k_rot, k_norm) if split_k else (q_side + k_rot + k_norm,), moved, fixed
 
         base = work("hybrid")
         for p in ("fused", "separate"):
-            kernel, moved, launches = work(p)
+            kernel, moved, fixed = work(p)
             row = [weight * (x - x0) for x, x0 in zip(kernel, base[0], strict=True)]
             rows.append([*row, weight * (moved - base[1]) / target.bandwidth()])
-            ys.append(weight * (t[p] - t["hybrid"] - (launches - base[2]) * model.LAUNCH_S))
+            ys.append(weight * (t[p] - t["hybrid"] - (fixed - base[2])))
     a, y = np.array(rows), np.array(ys)
     used = [i for i in range(a.shape[1] - 1) if np.any(a[:, i])] + [a.shape[1] - 1]
     if efficiency is not None:

@@ -39,6 +39,7 @@ from attnfuse.cost.target import Target
 __all__ = [
     "HOPPER",
     "HOPPER_FUSED_TILES",
+    "KERNEL_STORE_EXPOSURE",
     "LAUNCH_S",
     "PLACEMENTS",
     "TRITON",
@@ -97,17 +98,23 @@ TRITON_WIDE = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.54
 that rotates Q is 19% of the attention floor slower at every S (run 30's head-dim-256
 family: 0.15-0.21, median 0.186, forward, S = 256 .. 65536); at head dim 128 (run 14)
 there is no such drag."""
-HOPPER = KernelConstants(rotation_exposure=1.402, prekernel_efficiency=0.816, k_rotation_exposure=0.876,
+HOPPER = KernelConstants(rotation_exposure=1.458, prekernel_efficiency=0.816, k_rotation_exposure=0.876,
                          k_norm_exposure=19.33)
 """Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 156
-cases of six families, S = 256 .. 65536, forward and forward + backward), the pre-kernel
+cases of six families, S = 256 .. 65536, forward and forward + backward; refitted in run
+31 with the saved Q charged as :attr:`Work.kernel_store_bytes`), the pre-kernel
 efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for the K, 0.92 for
 the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
-matmuls are partly hidden (0.88), Q rotated in the consumers' prologue is not (1.40); a
+matmuls are partly hidden (0.88), Q rotated in the consumers' prologue is not (1.46); a
 K QK-norm in the producer costs 19x its FLOP count (a row reduction per visit)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""
+KERNEL_STORE_EXPOSURE = 0.5
+"""Exposed fraction of a store stream the attention kernel issues beside its matmuls
+(:attr:`Work.kernel_store_bytes`, timed at the target's bandwidth): run 30's medians of
+forward + backward `hybrid - separate` less the forward's, per family over S = 256 ..
+16384, are 0.39-1.07 of the full store time (median 0.51, six families)."""
 LAUNCH_S = 3e-6
 """Assumed GPU-side cost of one extra dependent kernel launch, seconds (not fitted)."""
 
@@ -246,6 +253,10 @@ class Work:
     k_rotated_elements: int = 0
     k_normed_elements: int = 0
     """The K tiles' part of :attr:`rotated_elements` / :attr:`normed_elements`."""
+    kernel_store_bytes: int = 0
+    """Bytes the attention kernel itself writes beside its matmuls (the rotated Q it
+    saves for the backward): a store stream at the target's bandwidth, partly hidden by
+    the matmuls (:data:`KERNEL_STORE_EXPOSURE`), not a pre-kernel's."""
 
     def in_kernel_seconds(self, target: Target, shape: AttentionShape) -> tuple[float, float, float]:
         """The in-kernel transforms' time before exposure: (Q side, K rotation, K norm)."""
@@ -282,7 +293,8 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
 def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
     """(pre-kernel seconds, exposed in-kernel rotation seconds) of ``work``."""
     k = shape.constants
-    pre = work.prekernel_bytes / (k.prekernel_efficiency * target.bandwidth()) + work.launches * LAUNCH_S
+    pre = (work.prekernel_bytes / (k.prekernel_efficiency * target.bandwidth()) + work.launches * LAUNCH_S
+           + KERNEL_STORE_EXPOSURE * work.kernel_store_bytes / target.bandwidth())
     return pre, work.exposed_seconds(target, shape)
 
 
@@ -291,8 +303,8 @@ def backward_work(shape: AttentionShape, placement: str, *, saved_sides: bool = 
     after the backward kernels (every placement), and each side the forward did not
     save recomputed in a pre-kernel. A side is saved when RoPE alone transforms it
     (`lower-backward`'s `saved_sides`) and a pre-kernel computed it, or, for Q, the
-    forward kernel, which then writes the rotated Q once; K rotated in the kernel
-    (`fused`) is recomputed. ``saved_sides=False``: the backward before run 23, which
+    forward kernel, which then writes the rotated Q once (:attr:`Work.kernel_store_bytes`);
+    K rotated in the kernel (`fused`) is recomputed. ``saved_sides=False``: the backward before run 23, which
     recomputed both sides for every placement."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got '{placement}'")
@@ -301,14 +313,14 @@ def backward_work(shape: AttentionShape, placement: str, *, saved_sides: bool = 
     post = per_head * (hq + hkv)
     if not saved_sides:
         return Work(0, 2 * post, 4)
-    moved, launches = post, 2
+    moved, launches, stored = post, 2, 0
     if shape.q_norm:
         moved, launches = moved + per_head * hq, launches + 1
     elif placement != "separate":
-        moved += per_head * hq // 2
+        stored = per_head * hq // 2
     if shape.k_norm or placement == "fused":
         moved, launches = moved + per_head * hkv, launches + 1
-    return Work(0, moved, launches)
+    return Work(0, moved, launches, kernel_store_bytes=stored)
 
 
 def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False,

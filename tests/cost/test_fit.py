@@ -78,20 +78,52 @@ def test_fit_holds_out_families() -> None:
 
 
 def test_auto_on_run30_sweep() -> None:
-    """Where the model stands on run 30's rounds sweep (medians of three timings): 155 of
-    182 choices right (85%; the issue asks 90%), 5 misses above 3%. A single round of
-    the same sweep picks the medians' fastest placement in 90% of cases
-    (docs/cost-model.md)."""
+    """Where the model stands on run 30's rounds sweep (medians of three timings): 162 of
+    182 choices right (89%; the issue asks 90%), 5 misses above 3%; 15 of the 20 misses
+    are `hybrid` against `separate` within 3%. A single round of the same sweep picks
+    the medians' fastest placement in 90% of cases (docs/cost-model.md)."""
     result = score(RUN30, H200)
-    assert (result.cases, result.hits) == (182, 155)
+    assert (result.cases, result.hits) == (182, 162)
     assert sum(loss > 0.03 for *_, loss in result.misses) == 5
+    near_ties = [m for m in result.misses if {m[2], m[3]} == {"hybrid", "separate"} and m[4] < 0.03]
+    assert len(near_ties) == 15
+
+
+def test_saved_q_store_matches_run30() -> None:
+    """`hybrid`'s forward kernel writes the rotated Q for the backward
+    (`Work.kernel_store_bytes`), charged at the H200's bandwidth times
+    `KERNEL_STORE_EXPOSURE`: measured, forward + backward `hybrid - separate` less the
+    forward's is, per family (median over S = 256 .. 16384, batch x S = 16384), 0.39-1.07
+    of the full store time, median 0.51 (before run 31 the model charged it as half a
+    pre-kernel: at d256 103 us against 34 measured); with a QK-norm Q is recomputed
+    either way (0.7 us measured, nothing charged)."""
+    import statistics
+
+    by_key = {(c.shape.head_dim, c.shape.group, c.shape.window, c.shape.k_norm, c.shape.seq_len, c.backward): c
+              for c in RUN30}
+    ratios = []
+    for family in {key[:4] for key in by_key}:
+        extra = []
+        for s in (256, 320, 384, 448, 512, 768, 1024, 2048, 4096, 8192, 16384):
+            fwd, both = by_key[(*family, s, False)], by_key[(*family, s, True)]
+            extra.append((both.times["hybrid"] - both.times["separate"])
+                         - (fwd.times["hybrid"] - fwd.times["separate"]))
+        shape = by_key[(*family, 1024, True)].shape
+        full = (model.backward_work(shape, "hybrid").kernel_store_bytes
+                - model.backward_work(shape, "separate").kernel_store_bytes) / H200.bandwidth()
+        if shape.q_norm:
+            assert full == 0 and abs(statistics.median(extra)) < 2e-6
+        else:
+            ratios.append(statistics.median(extra) / full)
+    assert len(ratios) == 6 and min(ratios) > 0.35 and max(ratios) < 1.1
+    assert statistics.median(ratios) == pytest.approx(model.KERNEL_STORE_EXPOSURE, abs=0.02)
 
 
 def test_wide_triton_drag_is_run30s_median() -> None:
     """`TRITON_WIDE.q_drag`: at head dim 256 (the Triton forward) the kernel that rotates Q
     is slower than the one reading it rotated by a fraction of the attention floor that
     does not move with S: its median over run 30's forward cases; with it the
-    family's placements are right 19 of 26 times, no miss above 3% (without: 14, 5)."""
+    family's placements are right 26 of 26 times (without: 14, and 5 misses above 3%)."""
     import statistics
 
     wide = [c for c in RUN30 if not c.shape.hopper]
@@ -107,7 +139,10 @@ def test_wide_triton_drag_is_run30s_median() -> None:
     assert min(drags) > 0.14 and max(drags) < 0.22
     assert statistics.median(drags) == pytest.approx(model.TRITON_WIDE.q_drag, abs=1e-3)
     result = score(wide, H200)
-    assert result.hits == 19 and result.worst_loss < 0.03
+    assert result.hits == 26
+    with unittest.mock.patch.object(model, "TRITON_WIDE", model.TRITON):
+        undragged = score(wide, H200)
+    assert undragged.hits == 14 and sum(loss > 0.03 for *_, loss in undragged.misses) == 5
 
 
 def test_auto_on_run26_sweep() -> None:

@@ -185,15 +185,17 @@ def test_shape_of_reads_the_qk_norms() -> None:
 def test_backward_recomputes_the_sides_the_forward_did_not_save() -> None:
     """The backward's transform work per placement: dQ and dK rotated back (every
     placement); `fused` recomputes K (a K pre-kernel and a launch), `hybrid` and `fused`
-    have the forward kernel write the rotated Q (half a Q pre-kernel's bytes); a QK-normed
-    side is recomputed whatever the placement; without saved sides (before run 23) the
-    three are equal."""
+    have the forward kernel write the rotated Q (one write of Q, a store stream of the
+    kernel's, not pre-kernel bytes); a QK-normed side is recomputed whatever the
+    placement; without saved sides (before run 23) the three are equal."""
     per_head = 2 * LLAMA.batch * LLAMA.seq_len * LLAMA.head_dim * LLAMA.elem_bytes
     post = per_head * (32 + 8)
     work = {p: model.backward_work(LLAMA, p) for p in model.PLACEMENTS}
     assert (work["separate"].prekernel_bytes, work["separate"].launches) == (post, 2)
-    assert (work["hybrid"].prekernel_bytes, work["hybrid"].launches) == (post + per_head * 32 // 2, 2)
-    assert (work["fused"].prekernel_bytes, work["fused"].launches) == (post + per_head * (32 // 2 + 8), 3)
+    assert (work["hybrid"].prekernel_bytes, work["hybrid"].launches) == (post, 2)
+    assert (work["fused"].prekernel_bytes, work["fused"].launches) == (post + per_head * 8, 3)
+    q_write = LLAMA.batch * 32 * LLAMA.seq_len * LLAMA.head_dim * LLAMA.elem_bytes
+    assert [work[p].kernel_store_bytes for p in model.PLACEMENTS] == [q_write, q_write, 0]
     normed = {p: model.backward_work(at(LLAMA, q_norm=True, k_norm=True), p) for p in model.PLACEMENTS}
     assert len({(w.prekernel_bytes, w.launches) for w in normed.values()}) == 1
     old = {p: model.backward_work(LLAMA, p, saved_sides=False) for p in model.PLACEMENTS}
@@ -202,7 +204,9 @@ def test_backward_recomputes_the_sides_the_forward_did_not_save() -> None:
     for p in model.PLACEMENTS:
         both, fwd = predict(LLAMA, H200, p, backward=True), predict(LLAMA, H200, p)
         bw = LLAMA.constants.prekernel_efficiency * H200.bandwidth()
-        assert both.backward_transforms == pytest.approx(work[p].prekernel_bytes / bw + work[p].launches * model.LAUNCH_S)
+        stored = model.KERNEL_STORE_EXPOSURE * work[p].kernel_store_bytes / H200.bandwidth()
+        assert both.backward_transforms == pytest.approx(
+            work[p].prekernel_bytes / bw + work[p].launches * model.LAUNCH_S + stored)
         assert both.extra == pytest.approx(fwd.extra)
 
 
