@@ -43,7 +43,7 @@ from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.passes.rope_fusion import STRATEGIES, choose_strategy
 from attnfuse.program import find_functions
 from attnfuse.reference import parse_program
@@ -76,9 +76,7 @@ def resolve_program(name: str | None) -> Path:
 
 def pipeline_for(strategy: str) -> str:
     """The default pipeline with rope-fusion's strategy set to `strategy`."""
-    default = "rope-fusion{strategy=auto}"
-    assert default in DEFAULT_PIPELINE
-    return DEFAULT_PIPELINE.replace(default, f"rope-fusion{{strategy={strategy}}}")
+    return default_pipeline({"rope-fusion": f"strategy={strategy}"})
 
 
 def print_module(module: ModuleOp, full_ir: bool) -> None:

@@ -32,7 +32,7 @@ import triton
 
 import attnfuse
 from attnfuse import examples
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from run_all import Baselines, inputs
 
 CONFIGS = (
@@ -50,7 +50,7 @@ CONFIGS = (
 
 
 def pipeline_with(options: str, layout: str = "bhsd") -> str:
-    pipe = DEFAULT_PIPELINE.replace("lower-backward", f"lower-backward{{{options}}}" if options else "lower-backward")
+    pipe = default_pipeline({"lower-backward": options} if options else None)
     return pipe.replace("lower-to-tile", "lower-to-tile{out-layout=bshd}") if layout == "bshd" else pipe
 
 

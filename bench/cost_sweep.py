@@ -37,7 +37,7 @@ import torch
 import attnfuse
 from attnfuse.cost.program_shape import shape_of
 from attnfuse.cost.target import Target, get_target
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.program import AttentionProgram, analyze, find_functions
 from attnfuse.reference import parse_program
 
@@ -80,7 +80,7 @@ def program_text(name: str, family: Family) -> str:
 
 
 def pipeline(placement: str) -> str:
-    return DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={placement}")
+    return default_pipeline({"rope-fusion": f"strategy={placement}"})
 
 
 def batch_of(seq: int, tokens: int) -> int:

@@ -36,7 +36,7 @@ import torch
 
 import attnfuse
 from attnfuse import reference
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import DEFAULT_PIPELINE, default_pipeline
 from attnfuse.program import analyze, find_functions
 from backward_profile import kernel_times
 from baselines import flex_baseline
@@ -266,7 +266,7 @@ def main() -> None:
                         help="also record each call's GPU time per kernel (`<impl>_kernel_us`, torch.profiler)")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    baseline = None if args.no_baseline_pipeline else DEFAULT_PIPELINE.replace("split-kv,", "")
+    baseline = None if args.no_baseline_pipeline else default_pipeline(without=["split-kv"])
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(rows: list[dict[str, Any]]) -> None:  # after every row: a cut-short run keeps what it measured

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import attnfuse
 from attnfuse import examples
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.runtime.host import call_signature
 from attnfuse.runtime.launch import KernelLaunch
 from bench_overhead import gpu_us, wall_us
@@ -40,7 +40,7 @@ def main() -> None:
     text = examples.path("llama3").read_text()
     default = attnfuse.compile(text)
     pinned = {s: attnfuse.compile(text.replace("@llama3", f"@llama3_{s}"),
-                                  pipeline=DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={s}"))
+                                  pipeline=default_pipeline({"rope-fusion": f"strategy={s}"}))
               for s in ("hybrid", "fused")}
     rows = []
     for shape in args.shapes.split(","):

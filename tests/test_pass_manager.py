@@ -30,10 +30,12 @@ from attnfuse.pass_manager import (
     unregister_pass,
 )
 from attnfuse.passes import (
+    BSHD_PIPELINE,
     DEFAULT_PIPELINE,
     PASSES,
     PassPluginError,
     PassUnavailableError,
+    default_pipeline,
     resolve_pass,
 )
 
@@ -76,6 +78,24 @@ def test_builtin_registry_follows_naming_convention() -> None:
         assert target.split(":")[0] == "attnfuse.passes." + name.replace("-", "_")
     pipeline_names = [p.split("{")[0] for p in DEFAULT_PIPELINE.split(",")]
     assert set(pipeline_names) <= set(PASSES)
+
+
+def test_default_pipeline_variants() -> None:
+    """`default_pipeline` sets a pass's options or leaves passes out, keeps the order,
+    parses back into the same passes, and rejects names the pipeline does not have."""
+    assert default_pipeline() == DEFAULT_PIPELINE
+    fused = default_pipeline({"rope-fusion": "strategy=fused", "lower-backward": "grad-layout=sbhd block-m=64"},
+                             without=["split-kv"])
+    assert fused == ("attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,"
+                     "lower-backward{grad-layout=sbhd block-m=64},lower-to-tile")
+    passes = PassManager(fused).passes
+    assert [p.name for p in passes] == [p.split("{")[0] for p in fused.split(",")]
+    assert [p for p in passes if p.name == "lower-backward"][0].block_m == 64
+    assert BSHD_PIPELINE.endswith("lower-backward{grad-layout=bshd},lower-to-tile{out-layout=bshd}")
+    with pytest.raises(ValueError, match="rope-fuson not in the default pipeline"):
+        default_pipeline({"rope-fuson": "strategy=fused"})
+    with pytest.raises(ValueError, match="lower-backwards not in the default pipeline"):
+        default_pipeline(without=["lower-backwards"])
 
 
 def test_resolve_pass_forms() -> None:

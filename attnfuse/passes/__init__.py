@@ -28,7 +28,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +38,7 @@ from xdsl.passes import ModulePass
 __all__ = [
     "BSHD_PIPELINE",
     "DEFAULT_PIPELINE",
+    "default_pipeline",
     "ENTRY_POINT_GROUP",
     "PASSES",
     "PassFactory",
@@ -76,8 +77,31 @@ DEFAULT_PIPELINE: str = (
 )
 """The pipeline ``attnfuse-opt -t triton`` (and the Python API) runs by default."""
 
-BSHD_PIPELINE: str = DEFAULT_PIPELINE.replace(
-    "lower-backward,lower-to-tile", "lower-backward{grad-layout=bshd},lower-to-tile{out-layout=bshd}")
+
+
+def default_pipeline(options: Mapping[str, str] | None = None, *, without: Iterable[str] = ()) -> str:
+    """`DEFAULT_PIPELINE` with the options of some passes replaced (`options`: pass name
+    -> option text, e.g. `"strategy=fused"` or `"grad-layout=sbhd block-m=64"`) and some
+    passes left out, in the same order:
+
+    ```python
+    default_pipeline({"rope-fusion": "strategy=fused"}, without=["split-kv"])
+    # "attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,lower-backward,lower-to-tile"
+    ```
+
+    A name that is not a pass of the default pipeline raises a `ValueError`."""
+    options = dict(options or {})
+    without = set(without)
+    passes = [(part.split("{", 1)[0], part) for part in DEFAULT_PIPELINE.split(",")]
+    unknown = sorted((set(options) | without) - {name for name, _ in passes})
+    if unknown:
+        raise ValueError(f"default_pipeline: {', '.join(unknown)} not in the default pipeline "
+                         f"({', '.join(name for name, _ in passes)})")
+    return ",".join(f"{name}{{{options[name]}}}" if name in options else part
+                    for name, part in passes if name not in without)
+
+
+BSHD_PIPELINE: str = default_pipeline({"lower-backward": "grad-layout=bshd", "lower-to-tile": "out-layout=bshd"})
 """The default pipeline with the output and the gradients of q, k and v stored as
 `[B, S, H, D]` (`attnfuse.nn.Attention(layout="bshd")` and the Hugging Face backend, whose
 callers transpose the output and reshape it, and whose q, k and v are transposed views of

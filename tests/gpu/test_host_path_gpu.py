@@ -21,7 +21,7 @@ import torch
 
 import attnfuse
 from attnfuse import examples
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.runtime.host import call_signature
 from attnfuse.runtime.launch import TMA_CACHE_SIZE, KernelLaunch
 
@@ -35,7 +35,7 @@ def _inputs(seed: int) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fn() -> attnfuse.AttentionFunction:
-    return attnfuse.compile(examples.path("llama3"), pipeline=DEFAULT_PIPELINE.replace("strategy=auto", "strategy=hybrid"))
+    return attnfuse.compile(examples.path("llama3"), pipeline=default_pipeline({"rope-fusion": "strategy=hybrid"}))
 
 
 def test_descriptors_follow_the_tensors(fn: attnfuse.AttentionFunction) -> None:

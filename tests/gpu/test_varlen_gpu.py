@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import attnfuse
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse import examples, reference
 from attnfuse.reference.rope import RopeParams, apply_rope
 from attnfuse.testing import assert_close, assert_grad_close, cu_seqlens
@@ -42,7 +42,7 @@ def _packed(lengths: list[int], seed: int, grad: bool = False) -> list[torch.Ten
 
 @pytest.mark.parametrize("strategy", ["auto", "fused", "separate"])
 def test_forward_16k_matches_sdpa_per_sequence(strategy: str) -> None:
-    pipeline = DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={strategy}")
+    pipeline = default_pipeline({"rope-fusion": f"strategy={strategy}"})
     fn = attnfuse.compile(examples.path("varlen"), pipeline=pipeline)
     lengths = _lengths(16384, seed=1)
     q, k, v, cu = _packed(lengths, seed=1)

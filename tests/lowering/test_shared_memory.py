@@ -18,7 +18,7 @@ from attnfuse.backends.triton.sm90 import compile_kernel_for_sm90
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.passes.lower_to_tile import SHARED_MEMORY_BUDGET
 
 SM90_SHARED_LIMIT = 232448
@@ -41,7 +41,7 @@ def program(head_dim: int, dtype: str) -> str:
 def lowered(head_dim: int, dtype: str, strategy: str, backward: bool) -> ModuleOp:
     ctx = make_context()
     module, locations = parse_module_with_locations(ctx, program(head_dim, dtype), "shared.attn")
-    pipeline = DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={strategy}")
+    pipeline = default_pipeline({"rope-fusion": f"strategy={strategy}"})
     if not backward:
         pipeline = pipeline.replace("lower-backward,", "")
     PassManager(pipeline).run(module, ctx, locations=locations)

@@ -23,7 +23,7 @@ from attnfuse.backends.triton.sm90 import compile_kernel_for_sm90, ptx_target, p
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 
 SM90_SHARED_LIMIT = 232448
 """Bytes of shared memory per block on sm_90 (what Triton's OutOfResources check uses)."""
@@ -32,7 +32,7 @@ SM90_SHARED_LIMIT = 232448
 def _kernels(strategy: str, example: str = "varlen") -> dict[str, KernelOp]:
     ctx = make_context()
     module, locations = parse_module_with_locations(ctx, examples.path(example).read_text(), example)
-    PassManager(DEFAULT_PIPELINE.replace("strategy=auto", f"strategy={strategy}")).run(module, ctx, locations=locations)
+    PassManager(default_pipeline({"rope-fusion": f"strategy={strategy}"})).run(module, ctx, locations=locations)
     return {op.sym_name.data: op for op in module.walk() if isinstance(op, KernelOp)}
 
 

@@ -15,7 +15,7 @@ import torch
 import attnfuse
 from attnfuse import reference
 from attnfuse.cost.target import get_target
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.runtime.host import call_signature
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.testing import assert_close
@@ -86,7 +86,7 @@ def test_autograd_calls_keep_the_compiled_placement(fn: attnfuse.AttentionFuncti
 
 def test_no_versions_where_the_placement_is_fixed() -> None:
     pinned = attnfuse.compile(SMALL.replace("@versions", "@pinned"), target="h200",
-                              pipeline=DEFAULT_PIPELINE.replace("strategy=auto", "strategy=hybrid"))
+                              pipeline=default_pipeline({"rope-fusion": "strategy=hybrid"}))
     assert pinned._runner.versions is None  # noqa: SLF001
     plain = SMALL.replace("@versions", "@norope").replace("%qr = attn.rope %q {theta = 10000.0} : tensor<?x4x?x32xf16>\n", "")
     plain = plain.replace("%kr = attn.rope %k {theta = 10000.0} : tensor<?x2x?x32xf16>\n", "")

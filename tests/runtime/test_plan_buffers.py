@@ -12,7 +12,7 @@ import torch
 
 import attnfuse
 from attnfuse import examples, reference
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.runtime import host
 from attnfuse.runtime.plan import LaunchPlan, Scratch
 from attnfuse.testing import assert_close
@@ -83,7 +83,7 @@ def test_buffers_that_never_leave_a_call_are_reused() -> None:
     """Compiled for inference, the rotated K of a pre-kernel and, at a split decode, the
     split workspaces (and lse, which two launches write) are allocated once per plan and
     stream."""
-    fn = attnfuse.compile(ROPE, pipeline=DEFAULT_PIPELINE.replace("lower-backward,", ""))
+    fn = attnfuse.compile(ROPE, pipeline=default_pipeline(without=["lower-backward"]))
     for q_len, kv_len, names in ((40, 40, {"k_transformed"}), (1, 256, {"k_transformed", "o_part", "lse_part"})):
         for seed in range(3):
             args = _inputs(q_len, kv_len, seed)
@@ -147,7 +147,7 @@ def test_scratch_within_the_size_limit(monkeypatch: pytest.MonkeyPatch, limit: i
                                        dropped: bool) -> None:
     monkeypatch.setattr(host, "SCRATCH_BYTES", limit)
     fn = attnfuse.compile(ROPE.replace("@rope_scratch", "@rope_limit"),
-                          pipeline=DEFAULT_PIPELINE.replace("lower-backward,", ""))  # K not returned
+                          pipeline=default_pipeline(without=["lower-backward"]))  # K not returned
     fn._host._plans.clear()  # noqa: SLF001 - a plan of this limit
     args = _inputs(40, 40)
     fn(*args)

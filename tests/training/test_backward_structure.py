@@ -36,7 +36,7 @@ from attnfuse.dialects.host import LaunchOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_hopper import KernelOp as HopperKernelOp
 from attnfuse.pass_manager import PassManager, make_context
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import DEFAULT_PIPELINE, default_pipeline
 from attnfuse.testing import make_inputs
 
 STRATEGIES = ("fused", "hybrid", "separate")
@@ -134,9 +134,7 @@ def test_fused_backward_from_lowered_ir() -> None:
     backward keeps the transforms in its kernels (`transforms-in-kernel=true`)."""
     fn = compile_once(
         EXAMPLE_TEXT["qwen3"],
-        DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused").replace(
-            "lower-backward", "lower-backward{transforms-in-kernel=true}"
-        ),
+        default_pipeline({"rope-fusion": "strategy=fused", "lower-backward": "transforms-in-kernel=true"}),
     )
     host = fn.lowered_ir[fn.lowered_ir.index("func.func @qwen3_backward") :]
     host = host[: host.index("func.return")]
@@ -147,7 +145,7 @@ def test_fused_backward_from_lowered_ir() -> None:
 def test_fused_backward_prerotates_by_default() -> None:
     """Under the default lower-backward, a fused forward still gets a backward that runs
     its transforms once in pre-kernels (not once per visited tile in dQ / dK/dV)."""
-    module = lower(EXAMPLE_TEXT["qwen3"], DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused"))
+    module = lower(EXAMPLE_TEXT["qwen3"], default_pipeline({"rope-fusion": "strategy=fused"}))
     names = launched(backward_of(module))
     assert "qwen3_bwd_q_prologue" in names and "qwen3_bwd_k_prologue_transpose" in names, names
     forward = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "qwen3")
@@ -391,8 +389,7 @@ def _sm90_kernels(name: str) -> tuple[dict[str, KernelOp], bool]:
     found = {f"default:{k}": kernel for k, kernel in kernels(module).items() if "_bwd" in k}
     if name == "qwen3":
         fused = kernels(
-            lower(text, DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused").replace(
-                "lower-backward", "lower-backward{transforms-in-kernel=true}"))
+            lower(text, default_pipeline({"rope-fusion": "strategy=fused", "lower-backward": "transforms-in-kernel=true"}))
         )
         found.update(
             {f"fused:{k}": fused[k] for k in (f"{name}_bwd_dq", f"{name}_bwd_dkdv")}

@@ -26,13 +26,13 @@ import torch
 
 import attnfuse
 from attnfuse import reference
-from attnfuse.passes import DEFAULT_PIPELINE
+from attnfuse.passes import default_pipeline
 from attnfuse.program import find_functions
 from attnfuse.reference import parse_program
 from attnfuse.testing import GRAD_TOLERANCE, assert_grad_close, make_inputs, with_dtype
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
-FUSED_PIPELINE = DEFAULT_PIPELINE.replace("strategy=auto", "strategy=fused")
+FUSED_PIPELINE = default_pipeline({"rope-fusion": "strategy=fused"})
 SEQ = 37
 
 
