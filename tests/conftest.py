@@ -4,10 +4,18 @@ pytest-xdist's `--dist loadgroup` (`make test`) the modules in `ONE_WORKER` each
 single worker.
 
 CPU tensors run through the Triton interpreter without TRITON_INTERPRET (the loader
-builds interpreter kernels itself), so the suite leaves the environment alone.
+builds interpreter kernels itself), so the suite leaves the environment alone. The
+interpreter's int32 overflow checks (`sanitize_overflow`: every integer add, sub and mul
+redone in int64 and compared with the int32 range; a third of an interpreted kernel's
+time, GPU code has no such checks unless built with `debug`) are off for the suite and on
+where a test asks for the `interpreter_overflow_checks` fixture: the differential fuzzer,
+whose random programs cover every building block.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,6 +33,31 @@ each one to a single worker as one unit, so the fixture runs once, not once per 
 (The `xdist_group` mark would say this in the module itself, but pytest-xdist 3.8 groups
 by appending `@group` to the node id, which pytest 9 ignores: the node ids are
 structured. The scheduler below sees only node ids, so it keeps this list.)"""
+
+
+def _set_overflow_checks(on: bool) -> bool:
+    """Turn the Triton interpreter's int32 overflow checks on or off; returns the old setting."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    old = builder.options.sanitize_overflow
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=on)
+    return old
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _interpreter_without_overflow_checks() -> Iterator[None]:
+    old = _set_overflow_checks(False)
+    yield
+    _set_overflow_checks(old)
+
+
+@pytest.fixture
+def interpreter_overflow_checks() -> Iterator[None]:
+    """The Triton interpreter checks int32 overflow during the test (see the module docstring)."""
+    old = _set_overflow_checks(True)
+    yield
+    _set_overflow_checks(old)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
