@@ -8,7 +8,7 @@ Python traceback; every failure starts with a located ``file:line:col: error:`` 
 one-line ``attnfuse-opt: error:`` / ``file: error:`` message. A handful of cases run
 as real subprocesses (closed stdin, a full disk, invalid UTF-8 on a pipe).
 
-Fixed seed; ``ATTNFUSE_DRIVER_FUZZ_CASES`` (default 3000) and
+Fixed seed; ``ATTNFUSE_DRIVER_FUZZ_CASES`` (default 1000) and
 ``ATTNFUSE_DRIVER_FUZZ_SEED`` choose the run (``make fuzz-driver``: a longer one).
 """
 
@@ -32,7 +32,7 @@ from attnfuse.passes import PASSES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
-CASES = int(os.environ.get("ATTNFUSE_DRIVER_FUZZ_CASES", "3000"))
+CASES = int(os.environ.get("ATTNFUSE_DRIVER_FUZZ_CASES", "1000"))
 SEED = int(os.environ.get("ATTNFUSE_DRIVER_FUZZ_SEED", "8"))
 HEAVY_SHARE = 0.005
 """Share of cases that run the lowering passes (about 0.5 s each)."""

@@ -20,7 +20,7 @@ from differential import fuzz
 from fuzz_summary import SUMMARY_PROPERTY
 
 FUZZ_SEED = 0
-FUZZ_PROGRAMS = 10
+FUZZ_PROGRAMS = 6
 
 
 @pytest.mark.usefixtures("interpreter_overflow_checks")
