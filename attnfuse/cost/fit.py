@@ -129,7 +129,8 @@ def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = Non
             if case.backward:
                 bwd = model.backward_work(shape, p, saved_sides=saved_sides)
                 moved += bwd.prekernel_bytes
-                fixed += bwd.launches * model.LAUNCH_S + model.KERNEL_STORE_EXPOSURE * bwd.kernel_store_bytes / target.bandwidth()
+                stored = model.KERNEL_STORE_EXPOSURE * bwd.kernel_store_bytes / target.bandwidth()
+                fixed += bwd.launches * model.LAUNCH_S + stored
             q_side, k_rot, k_norm = w.in_kernel_seconds(target, shape)
             return (q_side, k_rot, k_norm) if split_k else (q_side + k_rot + k_norm,), moved, fixed
 

@@ -304,8 +304,8 @@ def backward_work(shape: AttentionShape, placement: str, *, saved_sides: bool = 
     save recomputed in a pre-kernel. A side is saved when RoPE alone transforms it
     (`lower-backward`'s `saved_sides`) and a pre-kernel computed it, or, for Q, the
     forward kernel, which then writes the rotated Q once (:attr:`Work.kernel_store_bytes`);
-    K rotated in the kernel (`fused`) is recomputed. ``saved_sides=False``: the backward before run 23, which
-    recomputed both sides for every placement."""
+    K rotated in the kernel (`fused`) is recomputed. ``saved_sides=False``: the backward
+    before run 23, which recomputed both sides for every placement."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got '{placement}'")
     b, hq, hkv, s, d = shape.batch, shape.q_heads, shape.kv_heads, shape.seq_len, shape.head_dim
