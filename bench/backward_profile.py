@@ -50,8 +50,10 @@ CONFIGS = (
 
 
 def pipeline_with(options: str, layout: str = "bhsd") -> str:
-    pipe = default_pipeline({"lower-backward": options} if options else None)
-    return pipe.replace("lower-to-tile", "lower-to-tile{out-layout=bshd}") if layout == "bshd" else pipe
+    changed = {"lower-backward": options} if options else {}
+    if layout == "bshd":
+        changed["lower-to-tile"] = "out-layout=bshd"
+    return default_pipeline(changed)
 
 
 def kernel_times(fn: Callable[[], Any], iters: int) -> dict[str, float]:
