@@ -101,9 +101,11 @@ def _print(op: Any) -> str:
 
 
 def _lower(text: str, manager: PassManager, ctx: Any, module: ModuleOp, locations: Any,
-           name: str) -> tuple[cache.CompiledProgram, list[func.FuncOp], str]:
-    """(the compiled program, its host functions, the lowered IR as text) of `text` (parsed
-    as `module`) through `manager`'s pipeline: from the disk cache, else lowered and stored."""
+           name: str) -> tuple[cache.CompiledProgram, list[func.FuncOp], ModuleOp | str]:
+    """(the compiled program, its host functions, the lowered IR) of `text` (parsed as
+    `module`) through `manager`'s pipeline: from the disk cache (the IR as text: the host
+    functions only), else lowered and stored (the IR as the lowered module, printed only
+    when asked for: printing takes about a tenth of the compile)."""
     prints = [pass_fingerprint(type(p)) for p in manager.passes]
     key = hashlib.sha256("\n".join([text, manager.pipeline, manager.target or "", _versions(), *map(str, prints)]).encode()).hexdigest()
     cached = cache.load(key) if None not in prints else None
@@ -126,7 +128,7 @@ def _lower(text: str, manager: PassManager, ctx: Any, module: ModuleOp, location
     logger.debug("@%s: ran %s in %.3f s", name, manager.pipeline, time.perf_counter() - start)
     if None not in prints:
         cache.store(key, compiled)
-    return compiled, host_funcs, str(module)
+    return compiled, host_funcs, module
 
 
 def _analyzed(text: str, filename: str, name: str) -> AttentionProgram:
@@ -177,7 +179,7 @@ class AttentionFunction:
         versions = None if rope is None else PlacementVersions(  # before the pipeline rewrites `analyzed`'s IR
             analyzed, functools.partial(_analyzed, text, filename, self.name), manager.passes, rope,
             functools.partial(_lower_host, text, filename, self.name))
-        compiled, host_funcs, self.lowered_ir = _lower(text, manager, ctx, module, locations, self.name)
+        compiled, host_funcs, self._lowered = _lower(text, manager, ctx, module, locations, self.name)
         self.triton_source = compiled.source
         metadata = compiled.kernels
         by_name = {f.sym_name.data: f for f in host_funcs}
@@ -222,6 +224,14 @@ class AttentionFunction:
         self._op = self.ops.forward
         if self._runner.versions is None:
             self._runner.versions = versions
+
+    @property
+    def lowered_ir(self) -> str:
+        """The lowered module as text (host functions and `tile.kernel`s; from the disk
+        cache: the host functions only), printed on first use."""
+        if not isinstance(self._lowered, str):
+            self._lowered = str(self._lowered)
+        return self._lowered
 
     @property
     def check_page_values(self) -> bool:

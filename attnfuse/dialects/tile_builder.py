@@ -21,14 +21,12 @@ name hint (the emitted Triton uses it as the variable name).
 
 from __future__ import annotations
 
-import math as pymath
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from xdsl.builder import Builder, InsertPoint
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import (
-    DenseIntOrFPElementsAttr,
     DictionaryAttr,
     FloatAttr,
     IntegerAttr,
@@ -131,7 +129,9 @@ class TileBuilder(MemoryOps, MathOps, ControlFlow):
         raise KeyError(name)
 
     def finish(self, verify: bool = True) -> KernelOp:
-        """Terminate the kernel with `tile.return` (and verify it)."""
+        """Terminate the kernel with `tile.return` (and verify it). The lowering passes
+        pass `verify=False`: the pass manager verifies the whole module after each pass,
+        and verifying every kernel twice was a fifth of a compile."""
         if len(self._builders) != 1:
             raise ValueError("finish() called inside an open loop or branch")
         block = self.kernel_op.body.block
@@ -191,17 +191,13 @@ class TileBuilder(MemoryOps, MathOps, ControlFlow):
         *,
         name: str | None = None,
     ) -> SSAValue:
-        """A tile (or scalar, for `shape == ()`) filled with `value`. Non-finite
-        floats use a scalar constant + `tile.splat`: xDSL 0.75 misparses
-        `dense<0xFF800000>` back as an integer."""
+        """A tile (or scalar, for `shape == ()`) filled with `value`: a scalar constant
+        and `tile.splat`. Not a splat `dense<...>` constant: xDSL 0.75 stores every
+        element of one (32 KB for a 64x128 f32 tile) and unpacks them all to print it,
+        and misparses a non-finite one (`dense<0xFF800000>`) back as an integer."""
         if len(shape) == 0:
             return self.constant(value, dtype, name=name)
-        if is_float_type(dtype) and not pymath.isfinite(float(value)):
-            return self.splat(self.constant(value, dtype), shape, name=name)
-        tensor = TensorType(dtype, shape)
-        elem = float(value) if is_float_type(dtype) else int(value)
-        dense = DenseIntOrFPElementsAttr.from_list(tensor, [elem])
-        return self._emit(arith.ConstantOp(dense), name)
+        return self.splat(self.constant(value, dtype), shape, name=name)
 
     def zeros(
         self, shape: Sequence[int], dtype: Attribute, *, name: str | None = None

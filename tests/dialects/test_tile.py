@@ -290,10 +290,10 @@ def test_builder_literals_take_the_other_operands_type() -> None:
     x = b.load(b.args[0], b.arange(0, 16))
     y = b.mul(x, 0.5)
     assert y.type == TensorType(bf16, [16])
-    const = y.owner.operands[1].owner
-    assert isinstance(const, arith.ConstantOp) and const.result.type == TensorType(
-        bf16, [16]
-    )
+    splat = y.owner.operands[1].owner
+    assert isinstance(splat, tile.SplatOp) and splat.result.type == TensorType(bf16, [16])
+    const = splat.value.owner  # a bf16 scalar, not a dense<...> tile (xDSL stores all 16)
+    assert isinstance(const, arith.ConstantOp) and const.result.type == bf16
     with pytest.raises(TypeError, match="float literal"):
         b.add(b.arange(0, 16), 1.5)
     b.finish()
