@@ -36,10 +36,12 @@ from xdsl.passes import ModulePass
 
 from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
 from attnfuse.analysis.tile_plan import backward_block_sizes, resolve_f32_dot
+from attnfuse.dialects.tile import KernelOp
 from attnfuse.lowering.backward import DkvOptions
 from attnfuse.lowering.backward_host import BackwardHost
 from attnfuse.lowering.host_code import LAYOUT_ORDERS
 from attnfuse.lowering.regions import RegionLoweringError
+from attnfuse.lowering.simplify import simplify_kernels
 from attnfuse.lowering.tile_fit import check_tile_rows
 from attnfuse.program import ProgramError, analyze, find_functions
 
@@ -124,6 +126,7 @@ class LowerBackwardPass(ModulePass):
                 f"{self.name} found no attn program: the module is already lowered "
                 "(lower-backward must run before lower-to-tile)"
             )
+        existing = {o for o in op.ops if isinstance(o, KernelOp)}
         for function in functions:
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
@@ -168,3 +171,4 @@ class LowerBackwardPass(ModulePass):
                         op.body.block.add_op(kernel)
                     side_args = {"q": program.q.arg_index, "k": program.k.arg_index}
                     function.attributes["attnfuse.saved"] = ArrayAttr([IntegerAttr(side_args[s], i64) for s in saved])
+        simplify_kernels(o for o in op.ops if isinstance(o, KernelOp) and o not in existing)

@@ -61,6 +61,7 @@ from attnfuse.analysis.tile_plan import (
 )
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, RopeOp
 from attnfuse.dialects.host import TOP_LEFT_BAND, DimOp, KeepsResultsOp
+from attnfuse.dialects.tile import KernelOp
 from attnfuse.lowering.host_code import LAYOUT_ORDERS, HostCode
 from attnfuse.lowering.block_map import build_block_map
 from attnfuse.lowering.forward import BlockMap, ForwardKernel, ForwardSpec
@@ -68,6 +69,7 @@ from attnfuse.lowering.hopper_forward import lower_hopper_forward
 from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.rope_table import RopeTables
+from attnfuse.lowering.simplify import simplify_kernels
 from attnfuse.lowering.split_kv import lower_split_kv
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows, kv_stages
 from attnfuse.lowering.varlen import PackedHost
@@ -157,8 +159,10 @@ class LowerToTilePass(ModulePass):
                 # runtime warns once per shape class (`HostProgram.build`).
                 program.func.attributes[TOP_LEFT_BAND] = ArrayAttr(
                     [IntegerAttr(program.q.arg_index, i64), IntegerAttr(program.k.arg_index, i64)])
-            for kernel in self._lower(program, f32_dot):
+            kernels = self._lower(program, f32_dot)
+            for kernel in kernels:
                 op.body.block.add_op(kernel)
+            simplify_kernels(k for k in kernels if isinstance(k, KernelOp))
 
     def _lower(self, program: AttentionProgram, f32_dot: str) -> list[Operation]:
         function = program.func

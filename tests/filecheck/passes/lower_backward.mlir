@@ -172,7 +172,8 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // FUSED-SAME:      %d_sinks: !tile.ptr<f32>
 // FUSED-SAME:      %d_q_norm_w0: !tile.ptr<f32>
 // FUSED:         %inv_rms = math.rsqrt
-// FUSED:         scf.for %start_n = {{.*}} iter_args(%dq_a_{{[0-9]+}} = %dq_a, %dq_b_{{[0-9]+}} = %dq_b, %d_slope0_{{[0-9]+}} = %d_slope0)
+// (both dQ halves start from the same zero tile: CSE merged their two splats)
+// FUSED:         scf.for %start_n = {{.*}} iter_args(%dq_a_{{[0-9]+}} = %dq_a, %dq_b_{{[0-9]+}} = %dq_a, %d_slope0_{{[0-9]+}} = %d_slope0)
 // FUSED:           tile.store %d_bias1_base
 // FUSED:           scf.yield
 // FUSED:         tile.store %d_slopes0[
