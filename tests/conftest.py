@@ -14,11 +14,11 @@ whose random programs cover every building block.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
 import torch
+from interpreter_checks import set_overflow_checks
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -35,29 +35,19 @@ by appending `@group` to the node id, which pytest 9 ignores: the node ids are
 structured. The scheduler below sees only node ids, so it keeps this list.)"""
 
 
-def _set_overflow_checks(on: bool) -> bool:
-    """Turn the Triton interpreter's int32 overflow checks on or off; returns the old setting."""
-    from triton.runtime import interpreter
-
-    builder = interpreter.interpreter_builder
-    old = builder.options.sanitize_overflow
-    builder.options = dataclasses.replace(builder.options, sanitize_overflow=on)
-    return old
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _interpreter_without_overflow_checks() -> Iterator[None]:
-    old = _set_overflow_checks(False)
+    old = set_overflow_checks(False)
     yield
-    _set_overflow_checks(old)
+    set_overflow_checks(old)
 
 
 @pytest.fixture
 def interpreter_overflow_checks() -> Iterator[None]:
     """The Triton interpreter checks int32 overflow during the test (see the module docstring)."""
-    old = _set_overflow_checks(True)
+    old = set_overflow_checks(True)
     yield
-    _set_overflow_checks(old)
+    set_overflow_checks(old)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -144,13 +144,10 @@ def run_case(builder: Any, causal: bool, extra: Callable[[int], list[torch.Tenso
 
 
 def main(out_dir: str, names: list[str]) -> None:
-    import dataclasses
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from interpreter_checks import set_overflow_checks
 
-    from triton.runtime import interpreter
-
-    # as in the pytest process (tests/conftest.py): no int32 overflow checks in the interpreter
-    builder = interpreter.interpreter_builder
-    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    set_overflow_checks(False)  # as in the pytest process (tests/conftest.py)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     seq = 8 * world

@@ -4,8 +4,10 @@ The default pipeline's block sizes (what a Hopper GPU runs) with each strategy; 
 kernels are collected with a PassManager and compiled by
 `attnfuse.backends.triton.sm90.compile_all`, one subprocess per strategy (a process
 that interprets kernels cannot compile them), the three subprocesses side by side.
-A kernel whose Triton source is the same as one already compiled for another strategy
-(programs without Q/K transforms, block-map kernels) is compiled once. Besides the
+A kernel whose Triton source is the same as one already compiled, for another strategy
+(programs without Q/K transforms, block-map kernels) or for another program but for the
+kernel's name (llama3 and llama3_1 differ in host-side tables only), is compiled once:
+83 distinct sources of 111 kernels, 60 once renamed. Besides the
 examples: a custom per-head mask (runtime block map per head, captured table, scalar
 capture, score_mod with a gather) and a program with every score op and dropout.
 """
@@ -91,24 +93,37 @@ def _kernels(strategy: str) -> list[KernelOp]:
     return kernels
 
 
+def _renamed(kernel: KernelOp) -> str:
+    """The kernel's Triton source with its function renamed `kernel`: two kernels that
+    differ only in name (llama3's and llama3_1's forward, say) compile alike."""
+    name = kernel.sym_name.data
+    return emit_module([kernel]).replace(f"def {name}(", "def kernel(", 1)
+
+
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, tuple[list[str], dict[str, str]]]:
-    """strategy -> (all its kernel names, {compiled kernel name: PTX .target line})."""
-    per_strategy = {s: _kernels(s) for s in STRATEGIES}
-    seen: set[str] = set()
-    todo: dict[str, list[KernelOp]] = {}
-    for strategy, kernels in per_strategy.items():
-        todo[strategy] = []
+    """strategy -> (all its kernel names, {kernel name: PTX .target line}); a kernel
+    whose source is the same as one already compiled (another strategy's, or another
+    program's but for the name) gets that one's line."""
+    first: dict[str, tuple[str, str]] = {}  # renamed source -> (strategy, kernel) compiled
+    todo: dict[str, list[KernelOp]] = {s: [] for s in STRATEGIES}
+    compiled_as: dict[str, dict[str, tuple[str, str]]] = {}
+    names: dict[str, list[str]] = {}
+    for strategy in STRATEGIES:
+        compiled_as[strategy] = {}
+        kernels = _kernels(strategy)
+        names[strategy] = [k.sym_name.data for k in kernels]
         for k in kernels:
-            source = emit_module([k])
-            if source not in seen:
-                seen.add(source)
+            source = _renamed(k)
+            if source not in first:
+                first[source] = (strategy, k.sym_name.data)
                 todo[strategy].append(k)
+            compiled_as[strategy][k.sym_name.data] = first[source]
     with ThreadPoolExecutor(len(STRATEGIES)) as pool:
         futures = {s: pool.submit(compile_all, todo[s]) for s in STRATEGIES if todo[s]}
         targets = {s: f.result() for s, f in futures.items()}
     return {
-        s: ([k.sym_name.data for k in per_strategy[s]], targets.get(s, {}))
+        s: (names[s], {name: targets[rs][rn] for name, (rs, rn) in compiled_as[s].items() if rn in targets.get(rs, {})})
         for s in STRATEGIES
     }
 
@@ -121,15 +136,11 @@ def test_kernels_found() -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_compiles_for_sm90(
-    strategy: str, compiled: dict[str, tuple[list[str], dict[str, str]]]
-) -> None:
+def test_compiles_for_sm90(strategy: str, compiled: dict[str, tuple[list[str], dict[str, str]]]) -> None:
     names, targets = compiled[strategy]
-    if strategy == "fused":
-        assert set(targets) == set(names), "every fused kernel is compiled"
-    else:
+    assert set(targets) == set(names), "every kernel is compiled"
+    if strategy != "fused":
         suffix = "_k_prologue" if strategy == "hybrid" else "_q_prologue"
         assert any(n.endswith(suffix) for n in targets), "pre-kernels are compiled"
-    assert targets, "nothing compiled"
     for name, target in targets.items():
         assert target.startswith(".target sm_90"), f"{name}: {target}"
