@@ -67,7 +67,11 @@ def compile_kernel_for_sm90(kernel: KernelOp, *, specialize: bool = False) -> An
     `specialize` compiles it as the JIT does for contiguous tensors with 16-aligned
     sizes (pointers and specialized integers divisible by 16, each tensor's last stride
     the constant 1): the form whose loads are vectorized and software-pipelined, so its
-    registers and shared memory are those of a real launch."""
+    registers and shared memory are those of a real launch.
+
+    The kernel is compiled under the fixed name `kernel`: Triton's compile cache keys on
+    the function's name and source, so kernels that differ only in name (one program's
+    forward and another's with the same blocks) compile once per cache."""
     meta = kernel_metadata(kernel)
     signature = dict(meta.signature)
     constexprs: dict[tuple[int, ...], Any] = {}
@@ -81,8 +85,8 @@ def compile_kernel_for_sm90(kernel: KernelOp, *, specialize: bool = False) -> An
             elif ty.startswith("*") or (ty in ("i32", "i64") and arg not in meta.do_not_specialize):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return compile_for_sm90(
-        emit_module(kernel),
-        meta.name,
+        emit_module(kernel).replace(f"def {meta.name}(", "def kernel(", 1),
+        "kernel",
         signature,
         constexprs,
         num_warps=meta.num_warps,
