@@ -21,7 +21,7 @@ from programs import STRATEGIES, Builder
 
 from attnfuse import examples
 from attnfuse.backends.triton.emitter import emit_module
-from attnfuse.backends.triton.sm90 import compile_all
+from attnfuse.backends.triton.sm90 import compile_all, source_named_kernel
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.pass_manager import PassManager, make_context
@@ -93,13 +93,6 @@ def _kernels(strategy: str) -> list[KernelOp]:
     return kernels
 
 
-def _renamed(kernel: KernelOp) -> str:
-    """The kernel's Triton source with its function renamed `kernel`: two kernels that
-    differ only in name (llama3's and llama3_1's forward, say) compile alike."""
-    name = kernel.sym_name.data
-    return emit_module([kernel]).replace(f"def {name}(", "def kernel(", 1)
-
-
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, tuple[list[str], dict[str, str]]]:
     """strategy -> (all its kernel names, {kernel name: PTX .target line}); a kernel
@@ -114,7 +107,7 @@ def compiled() -> dict[str, tuple[list[str], dict[str, str]]]:
         kernels = _kernels(strategy)
         names[strategy] = [k.sym_name.data for k in kernels]
         for k in kernels:
-            source = _renamed(k)
+            source = source_named_kernel(k)
             if source not in first:
                 first[source] = (strategy, k.sym_name.data)
                 todo[strategy].append(k)

@@ -85,7 +85,7 @@ def compile_kernel_for_sm90(kernel: KernelOp, *, specialize: bool = False) -> An
             elif ty.startswith("*") or (ty in ("i32", "i64") and arg not in meta.do_not_specialize):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return compile_for_sm90(
-        emit_module(kernel).replace(f"def {meta.name}(", "def kernel(", 1),
+        source_named_kernel(kernel),
         "kernel",
         signature,
         constexprs,
@@ -93,6 +93,12 @@ def compile_kernel_for_sm90(kernel: KernelOp, *, specialize: bool = False) -> An
         num_stages=meta.num_stages,
         attrs=attrs,
     )
+
+
+def source_named_kernel(kernel: KernelOp) -> str:
+    """The Triton source of `kernel` with its function renamed `kernel`: kernels that
+    differ only in name have the same one."""
+    return emit_module(kernel).replace(f"def {kernel.sym_name.data}(", "def kernel(", 1)
 
 
 def _tensor_ranks(signature: dict[str, str]) -> dict[str, int]:
