@@ -20,7 +20,6 @@ import pytest
 from programs import STRATEGIES, Builder
 
 from attnfuse import examples
-from attnfuse.backends.triton.emitter import emit_module
 from attnfuse.backends.triton.sm90 import compile_all, source_named_kernel
 from attnfuse.diagnostics import parse_module_with_locations
 from attnfuse.dialects.tile import KernelOp
