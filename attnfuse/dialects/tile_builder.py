@@ -128,17 +128,15 @@ class TileBuilder(MemoryOps, MathOps, ControlFlow):
                 return a
         raise KeyError(name)
 
-    def finish(self, verify: bool = True) -> KernelOp:
-        """Terminate the kernel with `tile.return` (and verify it). The lowering passes
-        pass `verify=False`: the pass manager verifies the whole module after each pass,
-        and verifying every kernel twice was a fifth of a compile."""
+    def finish(self) -> KernelOp:
+        """Terminate the kernel with `tile.return`. It is not verified here: the pass
+        manager verifies the whole module after each pass (verifying every kernel twice
+        was a fifth of a compile); a kernel built outside a pass calls `verify()`."""
         if len(self._builders) != 1:
             raise ValueError("finish() called inside an open loop or branch")
         block = self.kernel_op.body.block
         if not isinstance(block.last_op, ReturnOp):
             self.insert(ReturnOp(), InsertPoint.at_end(block))
-        if verify:
-            self.kernel_op.verify()
         return self.kernel_op
 
     # -- insertion ----------------------------------------------------------------

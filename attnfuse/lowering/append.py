@@ -94,7 +94,7 @@ def build_append(name: str, k_pool: TensorType, v_pool: TensorType, rope: RopeOp
     offs = b.add(b.expand_dims(v_rows, 1), b.expand_dims(b.mul(d, v_pool_arg.strides[3]), 0))
     mask = b.and_(b.expand_dims(ok, 1), b.expand_dims(b.lt(d, v_dim), 0))
     b.store(pages.pool_base(b, v_pool_arg, head), offs, b.cast(values, v_pool.element_type), mask=mask)
-    kernel: KernelOp = b.finish(verify=False)
+    kernel: KernelOp = b.finish()
 
     one = host.const(1, "one")
     grid = [host.cdiv(new_tokens, ROWS_PER_PROGRAM, "grid_s"), host.mul(batch, heads, "grid_bh"), one]

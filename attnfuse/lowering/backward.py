@@ -248,7 +248,7 @@ class DqKernel(ForwardKernel, Recompute):
         store_parts(b, self.dq_arg, self.dq_arg.base(b, batch, head), rows, row_ok, layout, grad)
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.qw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
-        return b.finish(verify=False)
+        return b.finish()
 
     def _tile(self, start_n: SSAValue, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
         b, fwd = self.b, self.spec

@@ -127,7 +127,7 @@ class DkvKernel(Recompute):
         slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_n, name="slot")
         for (n, role), column_sums in side_grads.weights.items():
             store_weight_partial(b, self.kw_args[n], slot, next(p for p in self.layout if p.role == role), column_sums)
-        return b.finish(verify=False)
+        return b.finish()
 
     def _walk_map(self, state: list[SSAValue], batch: SSAValue, head: SSAValue, pid_n: SSAValue,
                   tile: Callable[[SSAValue, list[SSAValue], bool], list[SSAValue]]) -> list[SSAValue]:

@@ -171,7 +171,7 @@ def build_block_map(
     for arg, value in ((outs[0], n_partial), (outs[2], n_full)):
         assert arg.ptr is not None
         b.store(arg.ptr, b.mul(slot, arg.strides[0]), value)
-    kernel = b.finish(verify=False)
+    kernel = b.finish()
     grid = [host.cdiv(kv_len, bn, f"{tag}_grid_n") if transposed else host.cdiv(q_len, bm, f"{tag}_grid_m"),
             host.mul(batch, map_heads, f"{tag}_grid_bh"), one]
     host.launch(name, grid, sig.host_operands())

@@ -219,7 +219,7 @@ class ForwardKernel:
                 lse = b.maximum(lse, sink)  # lse >= sink exactly; +inf for a +inf sink
             base = self.lse_arg.base(b, batch, head)
             b.store(base, b.mul(rows, self.lse_arg.strides[2]), lse, mask=row_ok)
-        return b.finish(verify=False)
+        return b.finish()
 
     def _program_coords(self) -> tuple[SSAValue, ...]:
         """Program ids and the rows of this (q block, batch x head) program; sets `coords`.

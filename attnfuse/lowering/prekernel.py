@@ -64,7 +64,7 @@ def build_prekernel(
     parts32 = {r: b.cast(t, f32) for r, t in parts.items()}
     parts32 = side.apply(b, parts32, layout, rows, batch_index, row_ok)
     store_parts(b, dst, dst.base(b, batch_index, head), rows, row_ok, layout, parts32)
-    return b.finish(verify=False), sig.host_operands()
+    return b.finish(), sig.host_operands()
 
 
 def build_prekernel_backward(
@@ -108,7 +108,7 @@ def build_prekernel_backward(
     slot = b.add(b.mul(pid_bh, b.num_programs(0)), pid_s, name="slot")
     for (n, role), sums in grads.weights.items():
         store_weight_partial(b, partial_args[n], slot, next(p for p in layout if p.role == role), sums)
-    return b.finish(verify=False), sig.host_operands()
+    return b.finish(), sig.host_operands()
 
 
 def _rows(b: TileBuilder, pid_s: SSAValue, seq_len: SSAValue | None,

@@ -38,7 +38,7 @@ def build_preprocess(name: str, out: SSAValue, d_out: SSAValue, d_lse: SSAValue,
     dlse = b.load(dlse_arg.base(b, bi, h), b.mul(rows, dlse_arg.strides[2]), mask=row_ok, other=0.0)
     delta = b.sub(b.reduce_sum(total, 1), dlse, name="delta")
     b.store(delta_arg.base(b, bi, h), b.mul(rows, delta_arg.strides[2]), delta, mask=row_ok)
-    return b.finish(verify=False), sig.host_operands()
+    return b.finish(), sig.host_operands()
 
 
 __all__ = ["build_preprocess"]

@@ -119,4 +119,4 @@ def build_table_kernel(
     element = table.type.element_type
     b.store(base, offs, b.cast(cos, element), mask=mask)
     b.store(base, b.add(offs, b.mul(half, out.strides[2])), b.cast(sin, element), mask=mask)
-    return b.finish(verify=False), sig.host_operands()
+    return b.finish(), sig.host_operands()

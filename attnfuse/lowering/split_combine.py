@@ -83,7 +83,7 @@ def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue
     o_offs = b.add(b.mul(q, o_arg.strides[2]), b.mul(d, o_arg.strides[3]))
     b.store(o_arg.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type.element_type), mask=d_ok)
     b.store(lse_arg.base(b, batch, head), b.mul(q, lse_arg.strides[2]), b.mul(lse2, LN2))
-    return b.finish(verify=False), sig.host_operands()
+    return b.finish(), sig.host_operands()
 
 
 def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:

@@ -114,7 +114,7 @@ class SplitKernel(ForwardKernel):
         if sink2 is not None:
             lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
         self._store(split, batch, head, rows, row_ok, out, lse2)
-        return b.finish(verify=False)
+        return b.finish()
 
     def _split_keys(self, split: SSAValue, lo: Value, hi: Value) -> tuple[SSAValue, SSAValue]:
         """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)."""

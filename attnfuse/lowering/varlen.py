@@ -170,7 +170,7 @@ def build_schedule_kernel(name: str, cu: SSAValue, tokens: SSAValue, table: SSAV
         row = b.mul(b.add(first, k), out.strides[0])
         b.store(out.ptr, row, value, mask=in_range)
         b.store(out.ptr, b.add(row, out.strides[1]), b.where(real, index, 0), mask=in_range)
-    return b.finish(verify=False)
+    return b.finish()
 
 
 @dataclass(frozen=True)

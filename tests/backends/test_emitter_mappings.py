@@ -163,6 +163,7 @@ def _run(build: Callable[[TileBuilder, list[SSAValue]], SSAValue], in_types: Seq
     *xs, out = b.args
     b.store(out, 0, build(b, list(xs)))
     kernel = b.finish()
+    kernel.verify()
     fn = load_kernels(emit_module(kernel), interpret=True)["one_op"]
     result = torch.zeros(1, dtype=TORCH[out_type])
     fn[(1,)](*inputs, result)
@@ -272,7 +273,9 @@ def test_ceildivsi_of_constants(a: int, b: int, want: int) -> None:
     the general one."""
     b_ = TileBuilder.kernel("one_op", [("out", PtrType(i32))], launch={})
     b_.store(b_.args[0], 0, b_.cdiv(b_.constant(a, i32), b_.constant(b, i32)))
-    source = emit_module(b_.finish())
+    kernel = b_.finish()
+    kernel.verify()
+    source = emit_module(kernel)
     assert (" - 1) // " in source) == (a >= 0), source
     result = torch.zeros(1, dtype=torch.int32)
     load_kernels(source, interpret=True)["one_op"][(1,)](result)

@@ -71,7 +71,9 @@ def vector_add(dtype: Attribute = f32, block: int = 128) -> KernelOp:
     xv = b.load(x, offs, mask=mask, other=0.0, name="xv")
     yv = b.load(y, offs, mask=mask, other=0.0, name="yv")
     b.store(out, offs, b.add(xv, yv, name="sum"), mask=mask)
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 def row_softmax(dtype: Attribute, block_m: int = 16, block_n: int = 128) -> KernelOp:
@@ -98,7 +100,9 @@ def row_softmax(dtype: Attribute, block_m: int = 16, block_n: int = 128) -> Kern
     denom = b.where(b.eq(denom, 0.0), 1.0, denom, name="denom_safe")  # padding rows
     out = b.div(e, b.expand_dims(denom, 1), name="out")
     b.store(y, offs, b.cast(out, dtype), mask=mask)
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 def flash_attention_fwd(
@@ -168,7 +172,9 @@ def flash_attention_fwd(
         b.mul(b.expand_dims(offs_m, 1), som), b.expand_dims(offs_d, 0), name="o_offs"
     )
     b.store(o_base, o_offs, b.cast(out, dtype), mask=m_mask)
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 def dropout_rand(block_m: int = 64, block_n: int = 128) -> KernelOp:
@@ -179,7 +185,9 @@ def dropout_rand(block_m: int = 64, block_n: int = 128) -> KernelOp:
         b.mul(rows, block_n), b.expand_dims(b.arange(0, block_n), 0), name="offs"
     )
     b.store(out, offs, b.rand(seed, offs, name="u"))
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 def atomic_accumulate(block: int = 64) -> KernelOp:
@@ -193,7 +201,9 @@ def atomic_accumulate(block: int = 64) -> KernelOp:
     weight = b.cast(b.add(pid, 1), f32, name="weight")
     xv = b.load(x, offs, mask=mask, other=0.0, name="xv")
     b.atomic_add(acc, offs, b.mul(xv, weight), mask=mask)
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 def elementwise_math(dtype: Attribute, block: int = 64) -> KernelOp:
@@ -208,7 +218,9 @@ def elementwise_math(dtype: Attribute, block: int = 64) -> KernelOp:
                b.rsqrt(b.abs(xv)), b.neg(xv), b.maximum(xv, 0.5)]  # fmt: skip
     for k, r in enumerate(results):
         b.store(y, b.add(offs, k * block), r, mask=mask)
-    return b.finish()
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
 
 
 ALL_KERNELS: dict[str, Callable[[], KernelOp]] = {

@@ -268,7 +268,7 @@ def test_builder_scalar_tile_arithmetic_splats_and_picks_int_ops() -> None:
         "tile.program_id", "arith.constant", "arith.muli", "tile.arange",
         "tile.splat", "arith.addi",
     ]  # fmt: skip
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_numpy_broadcasting_of_rows_and_columns() -> None:
@@ -282,7 +282,7 @@ def test_builder_numpy_broadcasting_of_rows_and_columns() -> None:
     # a 1-d tile against a 2-d one gets a leading unit dim first
     row_vec = b.add(b.zeros((4, 16), f32), b.zeros((16,), f32))
     assert row_vec.type == TensorType(f32, [4, 16])
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_literals_take_the_other_operands_type() -> None:
@@ -296,7 +296,7 @@ def test_builder_literals_take_the_other_operands_type() -> None:
     assert isinstance(const, arith.ConstantOp) and const.result.type == bf16
     with pytest.raises(TypeError, match="float literal"):
         b.add(b.arange(0, 16), 1.5)
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_promotes_widths_and_rejects_int_float_mix() -> None:
@@ -322,6 +322,7 @@ def test_builder_comparisons_where_and_nonfinite_constants() -> None:
     assert isinstance(ninf, tile.SplatOp)  # not dense<0xFF800000>: xDSL misparses it
     assert isinstance(b.where(b.lt(n, 3), f, 1.0).owner, arith.SelectOp)
     kernel = b.finish()
+    kernel.verify()
     assert str(parse(generic(ModuleOp([kernel.clone()])))).count("0xff800000") == 1
 
 
@@ -348,7 +349,7 @@ def test_builder_cast_picks_the_conversion(src, dst, scalar_op, tile_op) -> None
         dst, [16]
     )
     assert b.cast(tile_value, src) is tile_value
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_cast_to_i1_is_not_equal_zero() -> None:
@@ -368,7 +369,7 @@ def test_builder_loop_carries_values_and_names_them() -> None:
     (result,) = loop.results
     assert result.type == TensorType(f32, [16])
     assert isinstance(loop.op, scf.ForOp) and loop.op.lb.type == i32
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_loop_errors() -> None:
@@ -383,7 +384,7 @@ def test_builder_loop_errors() -> None:
     with pytest.raises(TypeError, match="loop bounds must be integers"):
         with b2.for_(0.0, 1.0, 1.0):
             pass
-    b2.finish()
+    b2.finish().verify()
 
 
 def test_builder_if_with_results() -> None:
@@ -395,7 +396,7 @@ def test_builder_if_with_results() -> None:
     with branch.else_():
         branch.yield_(b.cast(n, f32))
     b.store(out, 0, branch.results[0])
-    b.finish()
+    b.finish().verify()
     with pytest.raises(ValueError, match="must call yield_"):
         b2 = TileBuilder.kernel("k", [("n", i32)])
         br = b2.if_(b2.gt(b2.args[0], 0), [f32])
@@ -418,7 +419,7 @@ def test_builder_memory_ops_broadcast_masks_and_check_types() -> None:
         b.store(p, offs, b.cast(x, bf16))
     with pytest.raises(ValueError, match="needs a `mask`"):
         b.load(p, offs, other=0.0)
-    b.finish()
+    b.finish().verify()
 
 
 def test_builder_dot_reduce_rand_trans() -> None:
@@ -431,7 +432,7 @@ def test_builder_dot_reduce_rand_trans() -> None:
     u = b.rand(b.args[0], b.expand_dims(b.arange(0, 16), 0))
     assert u.type == TensorType(f32, [1, 16])
     assert b.cdiv(b.arange(0, 16), 4).type == TensorType(i32, [16])
-    b.finish()
+    b.finish().verify()
 
 
 def test_finish_inside_open_region_fails() -> None:
