@@ -70,6 +70,11 @@ def k_transformed_in_kernel(program: AttentionProgram) -> bool:
     return any(t.str_option("placement") != "prekernel" for t in program.k.transforms)
 
 
+FUSED_TILES = (256, 64)
+"""`default_block_sizes` of a 16-bit program with head dims <= 128 whose K is transformed
+in the kernel (see there)."""
+
+
 def default_block_sizes(
     program: AttentionProgram, k_in_kernel: bool | None = None, f32_dot: str = DEFAULT_F32_DOT
 ) -> tuple[int, int]:
@@ -96,7 +101,7 @@ def default_block_sizes(
         return 128, 64
     if k_in_kernel is None:
         k_in_kernel = k_transformed_in_kernel(program)
-    return (256, 64) if k_in_kernel else (128, 128)
+    return FUSED_TILES if k_in_kernel else (128, 128)
 
 
 def tile_plan(

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuse.analysis.tile_plan import FUSED_TILES
 from attnfuse.cost import model
 from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, added_work
+from attnfuse.cost.program_shape import gluon_takes
 from attnfuse.cost.target import Target
 
 __all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "load_sweep", "score"]
@@ -84,10 +86,20 @@ def load_sweep(path: str | Path, families: Iterable[str] | None = None) -> list[
             continue
         key = (row["section"], row["family"], row["seq"])
         if key not in found:
-            found[key] = (AttentionShape(**row["shape"]), {})
+            found[key] = (_served(AttentionShape(**row["shape"])), {})
         found[key][1][row["name"]] = row["ms"] * 1e-3
     return [Case(shape, SWEEP_SECTIONS[section], tuple(sorted(times.items())))
             for (section, _, _), (shape, times) in sorted(found.items()) if set(times) == set(PLACEMENTS)]
+
+
+def _served(shape: AttentionShape) -> AttentionShape:
+    """`shape` with the kernels that ran it: sweeps before run 33 recorded every S of a
+    Gluon family as Gluon, but S that :func:`gluon_takes` refuses ran the Triton kernels
+    (with their fused tiles, `FUSED_TILES` at these head dims)."""
+    if not shape.hopper or gluon_takes(shape.seq_len):
+        return shape
+    return AttentionShape(**{**shape.__dict__, "hopper": False, "fused_block_m": FUSED_TILES[0],
+                             "fused_block_n": FUSED_TILES[1]})
 
 
 @dataclass(frozen=True)

@@ -98,15 +98,17 @@ TRITON_WIDE = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.54
 that rotates Q is 19% of the attention floor slower at every S (run 30's head-dim-256
 family: 0.15-0.21, median 0.186, forward, S = 256 .. 65536); at head dim 128 (run 14)
 there is no such drag."""
-HOPPER = KernelConstants(rotation_exposure=1.458, prekernel_efficiency=0.816, k_rotation_exposure=0.876,
-                         k_norm_exposure=19.33)
-"""Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 156
-cases of six families, S = 256 .. 65536, forward and forward + backward; refitted in run
-31 with the saved Q charged as :attr:`Work.kernel_store_bytes`), the pre-kernel
+HOPPER = KernelConstants(rotation_exposure=1.595, prekernel_efficiency=0.816, k_rotation_exposure=0.8372,
+                         k_norm_exposure=19.94)
+"""Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 132
+cases of six families, S = 256 .. 65536 where the Gluon forward takes S, forward and
+forward + backward; refitted in run 31 with the saved Q charged as
+:attr:`Work.kernel_store_bytes`, and in run 33 without the S = 320 and 448 cases, which
+ran the Triton kernels), the pre-kernel
 efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for the K, 0.92 for
 the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
-matmuls are partly hidden (0.88), Q rotated in the consumers' prologue is not (1.46); a
-K QK-norm in the producer costs 19x its FLOP count (a row reduction per visit)."""
+matmuls are partly hidden (0.84), Q rotated in the consumers' prologue is not (1.60); a
+K QK-norm in the producer costs 20x its FLOP count (a row reduction per visit)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""

@@ -175,6 +175,17 @@ def test_shape_of_picks_the_forward_kernel(target: str, dtype: str, hopper: bool
     assert shape_of(program, 2048).hopper is False  # no target: the Triton kernel
 
 
+def test_shape_of_knows_the_gluon_forward_needs_whole_tiles() -> None:
+    """The Gluon forward's TMA tiles need S to be a multiple of 128 (`host.tma_ready`):
+    at S = 320 and 448 an H200 runs the Triton kernels, with their fused tiles."""
+    program = analyze(find_functions(parse_program(examples.path("llama3").read_text()))[0])
+    for seq_len, hopper in ((256, True), (320, False), (384, True), (448, False), (65536, True)):
+        shape = shape_of(program, seq_len, target=H200)
+        assert shape.hopper is hopper, seq_len
+        tiles = model.HOPPER_FUSED_TILES if hopper else default_block_sizes(program, k_in_kernel=True)
+        assert (shape.fused_block_m, shape.fused_block_n) == tuple(tiles)
+
+
 def test_shape_of_reads_the_qk_norms() -> None:
     for name, norms in (("qwen3", (True, True)), ("llama3", (False, False))):
         program = analyze(find_functions(parse_program(examples.path(name).read_text()))[0])
