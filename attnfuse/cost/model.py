@@ -104,8 +104,8 @@ HOPPER = KernelConstants(rotation_exposure=1.595, prekernel_efficiency=0.816, k_
 cases of six families, S = 256 .. 65536 where the Gluon forward takes S, forward and
 forward + backward; refitted in run 31 with the saved Q charged as
 :attr:`Work.kernel_store_bytes`, and in run 33 without the S = 320 and 448 cases, which
-ran the Triton kernels), the pre-kernel efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for the K, 0.92 for
-the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
+ran the Triton kernels), the pre-kernel efficiency held at run 26's 0.816 (run 27's
+per-kernel profile: 0.82 for the K, 0.92 for the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
 matmuls are partly hidden (0.84), Q rotated in the consumers' prologue is not (1.60); a
 K QK-norm in the producer costs 20x its FLOP count (a row reduction per visit)."""
 HOPPER_FUSED_TILES = (128, 128)
