@@ -59,6 +59,13 @@ def run(kernel: KernelOp, grid: tuple[int, ...], *args: object) -> None:
 # ---------------------------------------------------------------------------
 
 
+def finished(b: TileBuilder) -> KernelOp:
+    """`b`'s kernel, terminated and verified (no pass manager verifies these)."""
+    kernel = b.finish()
+    kernel.verify()
+    return kernel
+
+
 def vector_add(dtype: Attribute = f32, block: int = 128) -> KernelOp:
     p = PtrType(dtype)
     b = TileBuilder.kernel(
@@ -71,9 +78,7 @@ def vector_add(dtype: Attribute = f32, block: int = 128) -> KernelOp:
     xv = b.load(x, offs, mask=mask, other=0.0, name="xv")
     yv = b.load(y, offs, mask=mask, other=0.0, name="yv")
     b.store(out, offs, b.add(xv, yv, name="sum"), mask=mask)
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 def row_softmax(dtype: Attribute, block_m: int = 16, block_n: int = 128) -> KernelOp:
@@ -100,9 +105,7 @@ def row_softmax(dtype: Attribute, block_m: int = 16, block_n: int = 128) -> Kern
     denom = b.where(b.eq(denom, 0.0), 1.0, denom, name="denom_safe")  # padding rows
     out = b.div(e, b.expand_dims(denom, 1), name="out")
     b.store(y, offs, b.cast(out, dtype), mask=mask)
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 def flash_attention_fwd(
@@ -172,9 +175,7 @@ def flash_attention_fwd(
         b.mul(b.expand_dims(offs_m, 1), som), b.expand_dims(offs_d, 0), name="o_offs"
     )
     b.store(o_base, o_offs, b.cast(out, dtype), mask=m_mask)
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 def dropout_rand(block_m: int = 64, block_n: int = 128) -> KernelOp:
@@ -185,9 +186,7 @@ def dropout_rand(block_m: int = 64, block_n: int = 128) -> KernelOp:
         b.mul(rows, block_n), b.expand_dims(b.arange(0, block_n), 0), name="offs"
     )
     b.store(out, offs, b.rand(seed, offs, name="u"))
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 def atomic_accumulate(block: int = 64) -> KernelOp:
@@ -201,9 +200,7 @@ def atomic_accumulate(block: int = 64) -> KernelOp:
     weight = b.cast(b.add(pid, 1), f32, name="weight")
     xv = b.load(x, offs, mask=mask, other=0.0, name="xv")
     b.atomic_add(acc, offs, b.mul(xv, weight), mask=mask)
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 def elementwise_math(dtype: Attribute, block: int = 64) -> KernelOp:
@@ -218,9 +215,7 @@ def elementwise_math(dtype: Attribute, block: int = 64) -> KernelOp:
                b.rsqrt(b.abs(xv)), b.neg(xv), b.maximum(xv, 0.5)]  # fmt: skip
     for k, r in enumerate(results):
         b.store(y, b.add(offs, k * block), r, mask=mask)
-    kernel = b.finish()
-    kernel.verify()
-    return kernel
+    return finished(b)
 
 
 ALL_KERNELS: dict[str, Callable[[], KernelOp]] = {
