@@ -13,11 +13,15 @@ holds, so a sweep can span several device calls (`--budget-s` stops before start
 pair once that many seconds have passed).
 
     python bench/cost_sweep.py --out DIR [--families d128_g4,d64_g4] [--seqs 256,512] [--resume] [--budget-s 540]
-                               [--rounds 3]
+                               [--rounds 3] [--triton-only]
 
 `--rounds N` times the placements N times in turn, rotating their order, and keeps the
 median (`ms`) and every round (`rounds_ms`): run 26 timed each once, and at S >= 16384
 its differences between placements changed sign from one family to the next.
+
+`--triton-only` compiles without sm_90's Gluon kernels (`lower-to-tile{hopper-forward=false}`,
+`lower-backward{hopper-backward=false}`), so that an sm_90 GPU times the Triton kernels
+every other GPU runs; the rows' shapes then carry the Triton forward (`hopper` false).
 """
 
 from __future__ import annotations
@@ -79,8 +83,12 @@ def program_text(name: str, family: Family) -> str:
     return builder.build().text()
 
 
-def pipeline(placement: str) -> str:
-    return default_pipeline({"rope-fusion": f"strategy={placement}"})
+TRITON_ONLY = {"lower-to-tile": "hopper-forward=false", "lower-backward": "hopper-backward=false"}
+"""The pass options that leave sm_90's Gluon kernels out (`--triton-only`)."""
+
+
+def pipeline(placement: str, triton_only: bool = False) -> str:
+    return default_pipeline({"rope-fusion": f"strategy={placement}", **(TRITON_ONLY if triton_only else {})})
 
 
 def batch_of(seq: int, tokens: int) -> int:
@@ -106,7 +114,7 @@ def _time(fn: Callable[[], Any]) -> float:
 
 
 def measure(name: str, family: Family, text: str, seq: int, batch: int,
-            compiled: dict[str, Any], rounds: int = 1) -> list[dict[str, Any]]:
+            compiled: dict[str, Any], rounds: int = 1, triton_only: bool = False) -> list[dict[str, Any]]:
     """Forward and forward + backward ms of every placement at one S. With `rounds` > 1
     the placements are timed in turn that many times, the order rotated each round (a
     drift of the GPU's clocks during the sweep then falls on every placement alike):
@@ -122,7 +130,7 @@ def measure(name: str, family: Family, text: str, seq: int, batch: int,
     steps: list[tuple[str, str, Callable[[], None]]] = []
     for placement in PLACEMENTS:
         if placement not in compiled:
-            compiled[placement] = attnfuse.compile(text, pipeline=pipeline(placement))
+            compiled[placement] = attnfuse.compile(text, pipeline=pipeline(placement, triton_only))
         fn = compiled[placement]
 
         def forward(fn: Any = fn) -> None:
@@ -168,6 +176,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no new (family, S) after this many seconds")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time the placements this many times in turn, the order rotated each round (ms: the median)")
+    parser.add_argument("--triton-only", action="store_true", help="time the Triton kernels, not sm_90's Gluon ones")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("cost_sweep.py times kernels on a CUDA GPU and none is visible")
@@ -177,7 +186,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "cost_sweep.json"
     target = get_target("h200") if torch.cuda.get_device_capability()[0] == 9 else None
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "target": target and target.name}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "target": target and target.name,
+            "triton_only": args.triton_only}
     rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if args.resume and path.exists() else []
     done = {(r["family"], r["seq"]) for r in rows}
     started = time.time()
@@ -192,8 +202,8 @@ def main() -> None:
                 print(f"budget of {args.budget_s:.0f} s spent; rerun with --resume", flush=True)
                 return
             batch = batch_of(seq, args.tokens)
-            shape = shape_row(text, seq, batch, target)
-            new = measure(name, family, text, seq, batch, compiled, args.rounds)
+            shape = shape_row(text, seq, batch, None if args.triton_only else target)
+            new = measure(name, family, text, seq, batch, compiled, args.rounds, args.triton_only)
             torch.cuda.empty_cache()
             rows += [{**r, "shape": shape} for r in new]
             path.write_text(json.dumps({**meta, "rows": rows}, indent=1))

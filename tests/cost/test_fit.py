@@ -242,3 +242,24 @@ def test_sweep_families_build() -> None:
         assert (shape["window"], shape["q_norm"], shape["k_norm"], shape["batch"]) == (
             family.window, family.qk_norm, family.qk_norm, 4)
         assert shape["hopper"] == (family.head_dim in (64, 128))
+
+
+def test_sweep_triton_only_builds_no_gluon_kernel() -> None:
+    """`cost_sweep.py --triton-only` lowers every placement without sm_90's Gluon kernels
+    (forward and backward), so an H200 times what other GPUs run."""
+    import sys
+
+    from attnfuse.dialects.tile_hopper import KernelOp as GluonKernelOp
+    from attnfuse.pass_manager import PassManager
+    from attnfuse.reference import parse_program
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import cost_sweep
+
+    text = cost_sweep.program_text("d128_g4", cost_sweep.FAMILIES["d128_g4"])
+    for placement in cost_sweep.PLACEMENTS:
+        counts = []
+        for triton_only in (False, True):
+            module = PassManager(cost_sweep.pipeline(placement, triton_only)).run(parse_program(text))
+            counts.append(sum(isinstance(op, GluonKernelOp) for op in module.walk()))
+        assert counts[0] > 0 and counts[1] == 0, (placement, counts)
