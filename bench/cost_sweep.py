@@ -13,7 +13,7 @@ holds, so a sweep can span several device calls (`--budget-s` stops before start
 pair once that many seconds have passed).
 
     python bench/cost_sweep.py --out DIR [--families d128_g4,d64_g4] [--seqs 256,512] [--resume] [--budget-s 540]
-                               [--rounds 3] [--triton-only]
+                               [--rounds 3] [--triton-only] [--min-calls 10]
 
 `--rounds N` times the placements N times in turn, rotating their order, and keeps the
 median (`ms`) and every round (`rounds_ms`): run 26 timed each once, and at S >= 16384
@@ -105,16 +105,25 @@ def shape_row(text: str, seq: int, batch: int, target: Target | None) -> dict[st
     return dataclasses.asdict(shape_of(_program(text), seq, batch, target=target))
 
 
-def _time(fn: Callable[[], Any]) -> float:
+def _time(fn: Callable[[], Any], min_calls: int = 1) -> float:
+    """Median ms of ``fn`` over `do_bench`'s 100 ms, or over at least ``min_calls`` calls
+    where one call takes longer than 100 ms / ``min_calls`` (`do_bench` alone times a
+    60 ms call once)."""
     import triton
 
+    fn()  # the shape class's first call builds its launch plan
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     fn()
+    end.record()
     torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
+    rep = max(100.0, min_calls * start.elapsed_time(end))
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
 
 
 def measure(name: str, family: Family, text: str, seq: int, batch: int,
-            compiled: dict[str, Any], rounds: int = 1, triton_only: bool = False) -> list[dict[str, Any]]:
+            compiled: dict[str, Any], rounds: int = 1, triton_only: bool = False,
+            min_calls: int = 1) -> list[dict[str, Any]]:
     """Forward and forward + backward ms of every placement at one S. With `rounds` > 1
     the placements are timed in turn that many times, the order rotated each round (a
     drift of the GPU's clocks during the sweep then falls on every placement alike):
@@ -150,7 +159,7 @@ def measure(name: str, family: Family, text: str, seq: int, batch: int,
             if (section, placement) in errors:
                 continue
             try:
-                times[section, placement].append(_time(step))
+                times[section, placement].append(_time(step, min_calls))
             except Exception as exc:  # noqa: BLE001 - a placement that does not run is a result
                 errors[section, placement] = f"{type(exc).__name__}: {exc}"[:400]
     rows = []
@@ -176,6 +185,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no new (family, S) after this many seconds")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time the placements this many times in turn, the order rotated each round (ms: the median)")
+    parser.add_argument("--min-calls", type=int, default=1,
+                        help="each timing covers at least this many calls (default: do_bench's 100 ms)")
     parser.add_argument("--triton-only", action="store_true", help="time the Triton kernels, not sm_90's Gluon ones")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -187,7 +198,7 @@ def main() -> None:
     path = args.out / "cost_sweep.json"
     target = get_target("h200") if torch.cuda.get_device_capability()[0] == 9 else None
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "target": target and target.name,
-            "triton_only": args.triton_only}
+            "triton_only": args.triton_only, "min_calls": args.min_calls}
     rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if args.resume and path.exists() else []
     done = {(r["family"], r["seq"]) for r in rows}
     started = time.time()
@@ -203,7 +214,7 @@ def main() -> None:
                 return
             batch = batch_of(seq, args.tokens)
             shape = shape_row(text, seq, batch, None if args.triton_only else target)
-            new = measure(name, family, text, seq, batch, compiled, args.rounds, args.triton_only)
+            new = measure(name, family, text, seq, batch, compiled, args.rounds, args.triton_only, args.min_calls)
             torch.cuda.empty_cache()
             rows += [{**r, "shape": shape} for r in new]
             path.write_text(json.dumps({**meta, "rows": rows}, indent=1))
