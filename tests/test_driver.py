@@ -246,7 +246,7 @@ def test_attn_file_and_target(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cost_report(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run([str(LLAMA3), "--device", "l4", "--seq-len", "512", "--cost-report"], capsys)
     assert code == 0 and "@llama3 on l4: B=32 Hq=32 Hkv=8 S=512" in out
-    assert "choice: fused (forward)" in out and "fused vs hybrid: fused stops winning at S = 1024" in out
+    assert "choice: hybrid (forward)" in out and "fused vs separate: fused stops winning at S = 3840" in out
     assert "attn.rope" not in out  # the report replaces the IR
     code, _, err = run([str(LLAMA3), "--cost-report"], capsys)
     assert code == 2 and "--cost-report needs --device NAME" in err

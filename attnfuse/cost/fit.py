@@ -4,10 +4,11 @@ The measurements are the rows of a ``bench/run_all.py`` or ``bench/cost_sweep.py
 file (docs/bench/): per sequence length, the time of each placement. :func:`fit` solves
 a weighted linear least-squares problem for the constants that enter the model linearly
 (a :class:`~attnfuse.cost.model.KernelConstants`: the rotation exposure, or the Q, K
-rotation and K norm exposures apart, and 1 / the pre-kernel efficiency unless a
-measured one is given), on the measured differences ``t(fused) - t(hybrid)`` and
-``t(separate) - t(hybrid)`` (the attention itself cancels), each weighted by
-1 / t(hybrid). ``q_drag`` is not fitted here (see ``TRITON_WIDE``).
+rotation, K norm and pipeline-fill exposures apart, and 1 / the pre-kernel efficiency
+unless a measured one is given), on the measured differences ``t(fused) - t(hybrid)``
+and ``t(separate) - t(hybrid)`` (the attention itself cancels), each weighted by
+1 / t(hybrid). The K/V slack enters through a ``max`` and is searched on a grid
+(:func:`fit_kv_slack`); ``q_drag`` is not fitted here (see ``TRITON_WIDE``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from attnfuse.cost.model import HOPPER_FUSED_TILES, PLACEMENTS, AttentionShape, 
 from attnfuse.cost.program_shape import gluon_takes
 from attnfuse.cost.target import Target
 
-__all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "load_cases", "load_sweep", "score"]
+__all__ = ["Case", "Fit", "LLAMA3_8B", "LLAMA3_8B_HOPPER", "Score", "fit", "fit_kv_slack", "load_cases", "load_sweep",
+           "score"]
 
 LLAMA3_8B = AttentionShape(batch=1, q_heads=32, kv_heads=8, seq_len=2048, head_dim=128)
 """The benchmarked program (examples/llama3.attn): GQA 32/8, head dim 128, bf16, causal,
@@ -111,31 +113,45 @@ class Fit:
     rms_relative: float
     k_rotation_exposure: float | None = None
     k_norm_exposure: float | None = None
+    fill_exposure: float = 0.0
     """Set by ``fit(..., split_k=True)``; the K norm's only where a case has one."""
+    kv_slack: float = 0.0
+    """The slack the fit was made with (``fit(..., kv_slack=)``)."""
+    q_drag: float = 0.0
+    """Set by ``fit(..., drag=True)``."""
+    tile_exposure: float = 0.0
+    """Set where `fused`'s tiles differ from the others' in some case."""
 
     @property
     def constants(self) -> model.KernelConstants:
         return model.KernelConstants(self.rotation_exposure, self.prekernel_efficiency, self.k_rotation_exposure,
-                                     self.k_norm_exposure)
+                                     self.k_norm_exposure, q_drag=self.q_drag, fill_exposure=self.fill_exposure,
+                                     kv_slack=self.kv_slack, tile_exposure=self.tile_exposure)
 
 
 def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = None, split_k: bool = False,
-        saved_sides: bool = True) -> Fit:
+        saved_sides: bool = True, kv_slack: float = 0.0, drag: bool = False) -> Fit:
     """Least-squares constants for ``target`` (see the module docstring). ``split_k``:
-    separate exposures for Q, for K's rotation and for K's norm (the Gluon schedule,
-    whose producer rotates K); ``efficiency``: the pre-kernel efficiency held fixed (a
-    per-kernel measurement) instead of fitted; ``saved_sides``: the backward of
-    :func:`~attnfuse.cost.model.backward_work` (False for sweeps before run 23)."""
+    separate exposures for Q, for K's rotation, for K's norm and for the work items'
+    first K tiles (the Gluon schedule, whose producer transforms K), the K rotation less
+    ``kv_slack`` K/V stream times; ``efficiency``: the pre-kernel efficiency held fixed
+    (a per-kernel measurement) instead of fitted; ``drag``: also fit ``q_drag``;
+    ``saved_sides``: the backward of :func:`~attnfuse.cost.model.backward_work` (False
+    for sweeps before run 23). The tile exposure is fitted where `fused`'s tiles differ
+    from the other placements' in some case."""
     import numpy as np
 
     cases = list(cases)
+    names = ["q", "k_rot", "k_norm", "fill"] if split_k else ["rotation"]
+    names += ["drag", "tiles", "inverse_efficiency"] if drag else ["tiles", "inverse_efficiency"]
     rows, ys = [], []
     for case in cases:
         t, shape = case.times, case.shape
         weight = 1.0 / t["hybrid"]
+        floor = model.tile_flops(shape) / target.matmul_flops(shape.dtype)
 
-        def work(p: str) -> tuple[tuple[float, ...], float, float]:
-            """(in-kernel seconds before exposure, pre-kernel bytes, seconds not fitted)."""
+        def work(p: str) -> tuple[dict[str, float], float]:
+            """(seconds per unit of each fitted constant, seconds not fitted)."""
             w = added_work(shape, p)
             moved, fixed = w.prekernel_bytes, w.launches * model.LAUNCH_S
             if case.backward:
@@ -144,27 +160,42 @@ def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = Non
                 stored = model.KERNEL_STORE_EXPOSURE * bwd.kernel_store_bytes / target.bandwidth()
                 fixed += bwd.launches * model.LAUNCH_S + stored
             q_side, k_rot, k_norm = w.in_kernel_seconds(target, shape)
-            return (q_side, k_rot, k_norm) if split_k else (q_side + k_rot + k_norm,), moved, fixed
+            cols = {"inverse_efficiency": moved / target.bandwidth(), "drag": floor if p != "separate" else 0.0,
+                    "tiles": (model.tile_flops(model.fused_tiles(shape)) / target.matmul_flops(shape.dtype) - floor
+                              if p == "fused" else 0.0)}
+            if split_k:
+                k_rot = max(0.0, k_rot - kv_slack * w.kv_stream_bytes / target.bandwidth())
+                cols |= {"q": q_side, "k_rot": k_rot, "k_norm": k_norm, "fill": w.fill_seconds(target, shape)}
+            else:
+                cols["rotation"] = q_side + k_rot + k_norm
+            return cols, fixed
 
-        base = work("hybrid")
+        base, base_fixed = work("hybrid")
         for p in ("fused", "separate"):
-            kernel, moved, fixed = work(p)
-            row = [weight * (x - x0) for x, x0 in zip(kernel, base[0], strict=True)]
-            rows.append([*row, weight * (moved - base[1]) / target.bandwidth()])
-            ys.append(weight * (t[p] - t["hybrid"] - (fixed - base[2])))
+            cols, fixed = work(p)
+            rows.append([weight * (cols[n] - base[n]) for n in names])
+            ys.append(weight * (t[p] - t["hybrid"] - (fixed - base_fixed)))
     a, y = np.array(rows), np.array(ys)
-    used = [i for i in range(a.shape[1] - 1) if np.any(a[:, i])] + [a.shape[1] - 1]
+    used = [i for i, n in enumerate(names) if np.any(a[:, i]) and not (n == "inverse_efficiency" and efficiency)]
     if efficiency is not None:
         y = y - a[:, -1] / efficiency
-        used = used[:-1]
     solution, *_ = np.linalg.lstsq(a[:, used], y, rcond=None)
     rms = float(np.sqrt(np.mean((a[:, used] @ solution - y) ** 2)))
-    values = dict(zip(used, (float(x) for x in solution), strict=True))
-    inverse_eff = values.pop(a.shape[1] - 1, None)
-    found = Fit(values[0], efficiency if inverse_eff is None else 1.0 / inverse_eff, rms)
-    if split_k:
-        found = Fit(found.rotation_exposure, found.prekernel_efficiency, rms, values.get(1), values.get(2))
-    return found
+    values = {names[i]: float(x) for i, x in zip(used, solution, strict=True)}
+    first = values["q"] if split_k else values["rotation"]
+    inverse_eff = values.get("inverse_efficiency")
+    return Fit(first, efficiency if inverse_eff is None else 1.0 / inverse_eff, rms,
+               values.get("k_rot"), values.get("k_norm"), values.get("fill", 0.0), kv_slack,
+               values.get("drag", 0.0), values.get("tiles", 0.0))
+
+
+def fit_kv_slack(cases: Iterable[Case], target: Target, *, efficiency: float | None = None,
+                 slacks: Iterable[float] = tuple(i / 10 for i in range(31))) -> Fit:
+    """``fit(..., split_k=True, kv_slack=h)`` for the ``h`` in ``slacks`` whose fit has
+    the smallest residual (the slack enters the model through a ``max``, not linearly)."""
+    cases = list(cases)
+    return min((fit(cases, target, efficiency=efficiency, split_k=True, kv_slack=h) for h in slacks),
+               key=lambda f: f.rms_relative)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ The cos/sin table is built once per shape class, so it is reported, not charged 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from attnfuse.analysis import bands
@@ -54,9 +55,11 @@ __all__ = [
     "crossover",
     "crossover_closed_form",
     "extra_at_tokens",
+    "fused_tiles",
     "norm_seconds",
     "predict",
     "rotation_seconds",
+    "tile_flops",
     "visited_kv_rows",
 ]
 
@@ -81,6 +84,19 @@ class KernelConstants:
     q_drag: float = 0.0
     """The attention kernel that transforms Q itself is slower by this fraction of the
     attention floor (registers its main loop loses to the prologue's tiles)."""
+    fill_exposure: float = 0.0
+    """Exposed time / :func:`rotation_seconds` (plus :func:`norm_seconds` with a K
+    QK-norm) of each work item's first K tile in `fused`: the producer transforms it
+    before the consumers' first matmul can start (the pipeline fill); 0 for a kernel
+    without a producer (Triton), whose rotation is in its main loop."""
+    kv_slack: float = 0.0
+    """The K rotation hides behind the kernel's own K/V stream: this many times the time
+    to read K and V once from HBM is taken off the K rotation before its exposure."""
+    tile_exposure: float = 0.0
+    """Time of the whole-tile matmul work that `fused`'s own tiles add (a taller q block
+    computes more of the causal diagonal and of a ragged last block) over its time at the
+    target's matmul rate: the kernel's distance from peak. Nothing where `fused` has the
+    other placements' tiles (the Gluon forward)."""
 
     @property
     def k_exposure(self) -> float:
@@ -91,23 +107,31 @@ class KernelConstants:
         return self.k_exposure if self.k_norm_exposure is None else self.k_norm_exposure
 
 
-TRITON = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545)
-"""Fitted to the Triton forward kernel (run 14, H200, 14 cases; one exposure for both sides)."""
-TRITON_WIDE = KernelConstants(rotation_exposure=2.234, prekernel_efficiency=0.545, q_drag=0.186)
+TRITON = KernelConstants(rotation_exposure=1.949, prekernel_efficiency=0.582, q_drag=0.0245, tile_exposure=1.626)
+"""Fitted to the Triton kernels on an H200 with sm_90's Gluon kernels switched off (run 34's
+Triton-only sweep: 156 cases of six families, head dims 64 and 128, S = 256 .. 65536,
+forward and forward + backward; one exposure for both sides). `fused`'s taller tiles cost
+1.6x their FLOPs at the matmul rate (the kernel runs at about 60% of peak), and the kernel
+that rotates Q is 2.5% of the attention floor slower (run 14's kernel, fitted alone: 2.23
+and 0.545, no drag)."""
+TRITON_WIDE = KernelConstants(rotation_exposure=1.949, prekernel_efficiency=0.582, q_drag=0.185, tile_exposure=1.626)
 """The Triton forward kernel at head dims above 128: as :data:`TRITON`, and the kernel
-that rotates Q is 19% of the attention floor slower at every S (run 30's head-dim-256
-family: 0.15-0.21, median 0.186, forward, S = 256 .. 65536); at head dim 128 (run 14)
-there is no such drag."""
-HOPPER = KernelConstants(rotation_exposure=1.595, prekernel_efficiency=0.816, k_rotation_exposure=0.8372,
-                         k_norm_exposure=19.94)
+that rotates Q is 18.5% of the attention floor slower at every S (run 30's head-dim-256
+family's median, forward, S = 256 .. 65536)."""
+HOPPER = KernelConstants(rotation_exposure=1.595, prekernel_efficiency=0.816, k_rotation_exposure=0.675,
+                         k_norm_exposure=19.82, fill_exposure=2.035, kv_slack=1.3)
 """Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 132
 cases of six families, S = 256 .. 65536 where the Gluon forward takes S, forward and
 forward + backward; refitted in run 31 with the saved Q charged as
-:attr:`Work.kernel_store_bytes`, and in run 33 without the S = 320 and 448 cases, which
-ran the Triton kernels), the pre-kernel efficiency held at run 26's 0.816 (run 27's
-per-kernel profile: 0.82 for the K, 0.92 for the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup beside the
-matmuls are partly hidden (0.84), Q rotated in the consumers' prologue is not (1.60); a
-K QK-norm in the producer costs 20x its FLOP count (a row reduction per visit)."""
+:attr:`Work.kernel_store_bytes`, in run 33 without the S = 320 and 448 cases, which
+ran the Triton kernels, and in session 34 with the pipeline fill and the K/V slack),
+the pre-kernel efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for
+the K, 0.92 for the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup
+beside the matmuls are partly hidden (0.68, after 1.3 K/V stream times of slack), each
+work item's first one is not (2.0: the consumers wait for it), Q rotated in the
+consumers' prologue is not (1.60); a K QK-norm in the producer costs 20x its FLOP count
+(a row reduction per visit). The slack is the least-squares residual's minimum over
+0 .. 3 in steps of 0.1 (flat from 1.0 to 1.6)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""
@@ -231,11 +255,13 @@ class Prediction:
     """The backward's RoPE / QK-norm pre- and post-kernels (:func:`backward_work`)."""
     table_build: float
     """One-time cos/sin table build per shape class (not in :attr:`total`)."""
+    tiles: float = 0.0
+    """The whole-tile work `fused`'s own tiles add (:attr:`KernelConstants.tile_exposure`)."""
 
     @property
     def extra(self) -> float:
         """Seconds this placement adds to the attention, forward."""
-        return self.prekernels + self.in_kernel_rotation
+        return self.prekernels + self.in_kernel_rotation + self.tiles
 
     @property
     def total(self) -> float:
@@ -261,6 +287,11 @@ class Work:
     """Bytes the attention kernel itself writes beside its matmuls (the rotated Q it
     saves for the backward): a store stream at the target's bandwidth, partly hidden by
     the matmuls (:data:`KERNEL_STORE_EXPOSURE`), not a pre-kernel's."""
+    k_fill_elements: int = 0
+    """K elements of every work item's first tile (`fused`: :attr:`KernelConstants.fill_exposure`)."""
+    kv_stream_bytes: int = 0
+    """K and V bytes the kernel that rotates K reads from HBM, once each
+    (:attr:`KernelConstants.kv_slack`)."""
 
     def in_kernel_seconds(self, target: Target, shape: AttentionShape) -> tuple[float, float, float]:
         """The in-kernel transforms' time before exposure: (Q side, K rotation, K norm)."""
@@ -269,11 +300,19 @@ class Work:
                   + norm * (self.normed_elements - self.k_normed_elements))
         return q_side, rot * self.k_rotated_elements, norm * self.k_normed_elements
 
+    def fill_seconds(self, target: Target, shape: AttentionShape) -> float:
+        """The work items' first K tiles' transforms, before exposure."""
+        norm = norm_seconds(target, shape.head_dim) if shape.k_norm else 0.0
+        return (rotation_seconds(target, shape.dtype) + norm) * self.k_fill_elements
+
     def exposed_seconds(self, target: Target, shape: AttentionShape) -> float:
-        """The in-kernel transforms' exposed time: each part times its exposure."""
+        """The in-kernel transforms' exposed time: each part times its exposure, the K
+        rotation less the slack of the kernel's K/V stream."""
         k = shape.constants
         q_side, k_rot, k_norm = self.in_kernel_seconds(target, shape)
-        return k.rotation_exposure * q_side + k.k_exposure * k_rot + k.k_norm * k_norm
+        slack = k.kv_slack * self.kv_stream_bytes / target.bandwidth()
+        return (k.rotation_exposure * q_side + k.k_exposure * max(0.0, k_rot - slack) + k.k_norm * k_norm
+                + k.fill_exposure * self.fill_seconds(target, shape))
 
 
 def added_work(shape: AttentionShape, placement: str) -> Work:
@@ -288,10 +327,12 @@ def added_work(shape: AttentionShape, placement: str) -> Work:
     q_normed = q_rotation if shape.q_norm else 0
     if placement == "hybrid":
         return Work(q_rotation, per_head * hkv, 1, q_normed)
-    fused_tiles = AttentionShape(**{**shape.__dict__, "block_m": shape.fused_block_m, "block_n": shape.fused_block_n})
-    k_visits = b * (hq // shape.gqa_pack) * visited_kv_rows(fused_tiles) * d
+    programs = b * (hq // shape.gqa_pack)
+    k_visits = programs * visited_kv_rows(fused_tiles(shape)) * d
     k_normed = k_visits if shape.k_norm else 0
-    return Work(q_rotation + k_visits, 0, 0, q_normed + k_normed, k_visits, k_normed)
+    first_tiles = programs * -(-s // shape.fused_block_m) * min(shape.fused_block_n, s) * d
+    return Work(q_rotation + k_visits, 0, 0, q_normed + k_normed, k_visits, k_normed,
+                k_fill_elements=first_tiles, kv_stream_bytes=per_head * hkv)
 
 
 def _seconds(work: Work, shape: AttentionShape, target: Target) -> tuple[float, float]:
@@ -327,21 +368,33 @@ def backward_work(shape: AttentionShape, placement: str, *, saved_sides: bool = 
     return Work(0, moved, launches, kernel_store_bytes=stored)
 
 
+def fused_tiles(shape: AttentionShape) -> AttentionShape:
+    """``shape`` with the tiles of the kernel that transforms K itself (`fused`)."""
+    return AttentionShape(**{**shape.__dict__, "block_m": shape.fused_block_m, "block_n": shape.fused_block_n})
+
+
+def tile_flops(shape: AttentionShape) -> float:
+    """Forward matmul FLOPs of the attention in ``shape``'s whole tiles (`block_m` x
+    `block_n`, masked tiles skipped as mask-tiling skips them)."""
+    return 4.0 * shape.batch * shape.q_heads * min(shape.block_m, shape.seq_len) * visited_kv_rows(shape) * shape.head_dim
+
+
 def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False,
             saved_sides: bool = True) -> Prediction:
     """Predicted time of ``placement`` (forward, or forward + backward; ``saved_sides``:
     see :func:`backward_work`)."""
-    b, hq, s, d = shape.batch, shape.q_heads, shape.seq_len, shape.head_dim
-    flops = 4.0 * b * hq * min(shape.block_m, s) * visited_kv_rows(shape) * d  # whole tiles
-    attention = flops / target.matmul_flops(shape.dtype) * (3.5 if backward else 1.0)
+    s, d, k = shape.seq_len, shape.head_dim, shape.constants
+    flops, rate = tile_flops(shape), target.matmul_flops(shape.dtype)
+    attention = flops / rate * (3.5 if backward else 1.0)
     pre, rotation = _seconds(added_work(shape, placement), shape, target)
     if placement != "separate":
-        rotation += shape.constants.q_drag * flops / target.matmul_flops(shape.dtype)
+        rotation += k.q_drag * flops / rate
+    tiles = k.tile_exposure * (tile_flops(fused_tiles(shape)) - flops) / rate if placement == "fused" else 0.0
     bwd = 0.0
     if backward:
         bwd = _seconds(backward_work(shape, placement, saved_sides=saved_sides), shape, target)[0]
     table = s * d / target.sfu_ops + s * d * 2 / target.bandwidth()
-    return Prediction(placement, attention, pre, rotation, bwd, table)
+    return Prediction(placement, attention, pre, rotation, bwd, table, tiles)
 
 
 def choose(shape: AttentionShape, target: Target, *, backward: bool = False, saved_sides: bool = True) -> str:
@@ -383,25 +436,39 @@ def crossover_closed_form(shape: AttentionShape, target: Target, b: str = "hybri
     """The crossover of ``fused`` against ``b`` for a causal mask without window, in
     closed form (docs/cost-model.md), with launches spread over batch x S tokens.
 
-    ``fused`` adds ``c_k Hq/P (S/BM + 1)/2`` per token and head dim (K visits, BM its
-    own q block ``fused_block_m``; ``c_k`` the exposed K rotation, plus the norm with a
-    K QK-norm)
-    while ``hybrid`` adds ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch;
-    ``separate`` also the Q pre-kernel and a launch, less the Q transforms (``c_q``)
-    that ``fused`` keeps. A kernel's ``q_drag`` (head dims above 128 on the Triton
-    kernel) is left out; :func:`crossover` includes it.
+    Per token and head-dim column, with ``x = S/BM + 1`` (BM ``fused``'s own q block
+    ``fused_block_m``), ``fused`` adds ``E_k max(0, r x - s) + a_n x + f``: its K visits
+    rotated (``r = c Hq/P / 2``, less the slack ``s`` of the kernel's K/V stream), normed
+    with a K QK-norm (``a_n``), the work items' first tiles and the whole-tile work of
+    its taller q block (``f``, both constant per token), while ``hybrid`` adds
+    ``2 Hkv b / (eff BW)`` (the K pre-kernel) plus a launch; ``separate`` also the Q
+    pre-kernel and a launch, less the Q transforms (``c_q``) and the kernel's drag that
+    ``fused`` keeps (the drag grows with S: it joins ``a_n``). Negative (or -inf):
+    ``fused`` wins at no S.
     """
     if not shape.causal or shape.window is not None:
         raise ValueError("the closed form covers causal masks without a window")
     n, d, hq, hkv = shape.batch * shape.seq_len, shape.head_dim, shape.q_heads, shape.kv_heads
-    k = shape.constants
+    k, rate, bm = shape.constants, target.matmul_flops(shape.dtype), shape.fused_block_m
     rotation, norm = rotation_seconds(target, shape.dtype), norm_seconds(target, d)
     c_q = k.rotation_exposure * (rotation + (norm if shape.q_norm else 0.0))
-    c_k = k.k_exposure * rotation + (k.k_norm * norm if shape.k_norm else 0.0)
+    k_norm = norm if shape.k_norm else 0.0
+    programs = hq / shape.gqa_pack
+    r, a_n = rotation * programs / 2, k.k_norm * k_norm * programs / 2
+    const = (k.fill_exposure * (rotation + k_norm) * programs * shape.fused_block_n / bm
+             + k.tile_exposure * 2 * hq * (bm - shape.block_m) / rate)  # tile FLOPs per token: 2 Hq (S + BM)
+    slack = k.kv_slack * 2 * hkv * shape.elem_bytes / target.bandwidth()
     bw = shape.constants.prekernel_efficiency * target.bandwidth()
     pre = 2 * hkv * shape.elem_bytes / bw + LAUNCH_S / (n * d)
     if b == "separate":
         pre += 2 * hq * shape.elem_bytes / bw + LAUNCH_S / (n * d) - c_q * hq
+        drag = k.q_drag * 2 * hq / rate  # per token: q_drag x the floor, 2 Hq (S + block_m) / rate
+        a_n, const = a_n + drag * bm, const + drag * (shape.block_m - bm)
     elif b != "hybrid":
         raise ValueError(f"b must be hybrid or separate, got '{b}'")
-    return shape.fused_block_m * (2 * shape.gqa_pack * pre / (c_k * hq) - 1)
+    kink = slack / r  # x below which the K/V stream hides the whole K rotation
+    if a_n * kink + const >= pre:  # fused stops winning before the rotation shows
+        x = (pre - const) / a_n if a_n else -math.inf
+    else:
+        x = (pre - const + k.k_exposure * slack) / (k.k_exposure * r + a_n)
+    return bm * (x - 1)

@@ -69,8 +69,8 @@ def test_qk_norm_moves_with_the_rope() -> None:
 def test_crossover_with_qk_norm(other: str, norms: tuple[bool, bool]) -> None:
     """The closed form with QK-norms (c_q, c_k) agrees with the bisection on predict, and
     a K norm pulls the crossover down (fused's K visits cost more)."""
-    shape = at(LLAMA, q_norm=norms[0], k_norm=norms[1])
-    target = get_target("l4")  # a GPU on which fused wins at short S
+    shape = at(LLAMA, kv_heads=32, q_norm=norms[0], k_norm=norms[1])
+    target = get_target("l4")  # a GPU on which fused wins at short S without GQA
     s_star = crossover_closed_form(shape, target, other)
     found = crossover(shape, target, "fused", other)
     assert s_star >= shape.fused_block_m and found is not None and found - shape.fused_block_m < s_star <= found
@@ -92,10 +92,15 @@ def test_units_scale_with_work() -> None:
 
 def test_limits() -> None:
     """Infinite bandwidth: pre-kernels cost only launches; infinite vector/shared/L2
-    rates: in-kernel rotation is free and fused wins."""
+    rates: in-kernel rotation is free (what is left is the kernel's drag and fused's
+    taller tiles, both matmul time), and with an infinite matmul rate too fused wins."""
     fast_mem = dataclasses.replace(H200, measured_hbm_bw=float("inf"))
     assert predict(LLAMA, fast_mem, "separate").prekernels == pytest.approx(2 * model.LAUNCH_S)
     fast_alu = dataclasses.replace(H200, vector_f32_flops=float("inf"), smem_bw=float("inf"), l2_bw=float("inf"))
+    fused = predict(LLAMA, fast_alu, "fused")
+    assert fused.in_kernel_rotation == pytest.approx(model.TRITON.q_drag * fused.attention)
+    assert fused.extra == pytest.approx(fused.in_kernel_rotation + fused.tiles) and fused.tiles > 0
+    fast_alu = dataclasses.replace(fast_alu, measured_tensor_flops=float("inf"))
     assert predict(LLAMA, fast_alu, "fused").extra == 0.0
     assert model.choose(LLAMA, fast_alu) == "fused"
     assert model.choose(LLAMA, fast_mem) != "fused"
@@ -111,34 +116,50 @@ def test_monotonic_in_s_bandwidth_and_group() -> None:
     pre = [predict(LLAMA, dataclasses.replace(H200, measured_hbm_bw=bw), "separate").prekernels for bw in (1e12, 2e12, 4e12)]
     assert pre == sorted(pre, reverse=True)
     # a larger GQA group (fewer KV heads) makes the K pre-kernel cheaper: the crossover falls
+    # (to -inf, fused winning nowhere, at groups 4 and 8 on the Triton kernel)
     crossings = [crossover_closed_form(at(LLAMA, kv_heads=32 // g), H200) for g in (1, 2, 4, 8)]
-    assert crossings == sorted(crossings, reverse=True)
-    # a shorter q block for fused (more K visits) lowers it
-    assert crossover_closed_form(at(LLAMA, fused_block_m=128), H200) < crossover_closed_form(LLAMA, H200)
+    assert crossings == sorted(crossings, reverse=True) and crossings[0] > 256 > crossings[1]
+    # fused's q block: a shorter one re-rotates K more often, a taller one computes more
+    # of the causal diagonal (tile_exposure): 256 beats both 128 and 512 without GQA
+    g1 = at(LLAMA, kv_heads=32)
+    by_block = {bm: crossover_closed_form(at(g1, fused_block_m=bm), H200) for bm in (128, 256, 512)}
+    assert by_block[128] < by_block[256] and by_block[512] < by_block[256]
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 @pytest.mark.parametrize("other", ["hybrid", "separate"])
-def test_crossover_consistency(name: str, other: str) -> None:
-    """At the closed-form S* the predicted added times are equal; the bisection lands
-    on the first multiple of fused's q block at or above it (None when S* is below one
-    block: fused loses at every S)."""
+@pytest.mark.parametrize("group", [1, 4])
+def test_crossover_consistency(name: str, other: str, group: int) -> None:
+    """The closed form and the bisection on `predict` agree: the bisection lands on the
+    first multiple of fused's q block at or above S* (None when S* is below one block:
+    fused loses at every S), on the Triton kernel and, where the target has it, the
+    Gluon one (its pipeline fill and K/V slack)."""
     target = TARGETS[name]
-    s_star = crossover_closed_form(LLAMA, target, other)
-    tokens = LLAMA.batch * LLAMA.seq_len
-    unit = LLAMA.constants.rotation_exposure * model.rotation_seconds(target)
-    # fused - other at fixed tokens, continuous in S (rows = S (S/BM + 1) / 2)
-    hq, d, bm = LLAMA.q_heads, LLAMA.head_dim, LLAMA.fused_block_m
-    fused = unit * tokens * hq * d * (1 + (s_star / bm + 1) / 2)
-    bw = LLAMA.constants.prekernel_efficiency * target.bandwidth()
-    kv = 2 * tokens * LLAMA.kv_heads * d * 2 / bw + model.LAUNCH_S
-    rest = unit * tokens * hq * d if other == "hybrid" else 2 * tokens * hq * d * 2 / bw + model.LAUNCH_S
-    assert fused == pytest.approx(kv + rest, rel=1e-9)
-    found = crossover(LLAMA, target, "fused", other)
-    if s_star < bm:
-        assert found is None
-    else:
-        assert found is not None and found - bm < s_star <= found
+    shapes = [at(LLAMA, kv_heads=32 // group)]
+    if target.warp_specialized:
+        shapes.append(at(shapes[0], hopper=True, fused_block_m=128, fused_block_n=128))
+    for shape in shapes:
+        s_star = crossover_closed_form(shape, target, other)
+        found, bm = crossover(shape, target, "fused", other), shape.fused_block_m
+        if s_star < bm:
+            assert found is None
+        else:
+            assert found is not None and found - bm < s_star <= found
+            before, at_found = (model.extra_at_tokens(shape, target, p, found - bm) for p in ("fused", other))
+            assert before < at_found or found == bm
+
+
+def test_crossover_closed_form_terms() -> None:
+    """The closed form at group 1 on the H200 from its terms by hand: the Gluon forward's
+    K rotation shows only past the K/V stream's slack, Q's transforms cancel."""
+    shape = at(LLAMA, kv_heads=32, hopper=True, fused_block_m=128, fused_block_n=128)
+    k, rot, n_d = model.HOPPER, model.rotation_seconds(H200), shape.batch * shape.seq_len * shape.head_dim
+    pre = 2 * 32 * 2 / (k.prekernel_efficiency * H200.bandwidth()) + model.LAUNCH_S / n_d
+    fill = k.fill_exposure * rot * 32 * 128 / 128
+    slack = k.kv_slack * 2 * 32 * 2 / H200.bandwidth()
+    x = (pre - fill + k.k_exposure * slack) / (k.k_exposure * rot * 32 / 2)
+    assert crossover_closed_form(shape, H200) == pytest.approx(128 * (x - 1), rel=1e-12)
+    assert 1024 < crossover_closed_form(shape, H200) < 1536  # measured (run 30): 1559
 
 
 def test_crossover_absent_when_fused_never_loses() -> None:
@@ -227,17 +248,41 @@ def test_k_and_q_exposures_and_the_q_drag() -> None:
     head dim 128 adds `q_drag` x the attention floor to the placements that transform Q
     in the kernel, and nothing at head dim 128."""
     gluon = at(LLAMA, hopper=True, fused_block_m=128, fused_block_n=128, k_norm=True)
-    q_side, k_rot, k_norm = added_work(gluon, "fused").in_kernel_seconds(H200, gluon)
+    work = added_work(gluon, "fused")
+    q_side, k_rot, k_norm = work.in_kernel_seconds(H200, gluon)
     hopper = model.HOPPER
+    slack = hopper.kv_slack * work.kv_stream_bytes / H200.bandwidth()
+    fill = hopper.fill_exposure * work.fill_seconds(H200, gluon)
     assert predict(gluon, H200, "fused").in_kernel_rotation == pytest.approx(
-        hopper.rotation_exposure * q_side + hopper.k_exposure * k_rot + hopper.k_norm * k_norm)
-    assert hopper.k_exposure != hopper.rotation_exposure and k_rot > 0 and k_norm > 0
+        hopper.rotation_exposure * q_side + hopper.k_exposure * (k_rot - slack) + hopper.k_norm * k_norm + fill)
+    assert hopper.k_exposure != hopper.rotation_exposure and k_rot > slack > 0 and k_norm > 0 and fill > 0
+    # each (batch, head, q block) work item's first K tile: 4 x 32 x 32 items of 128 x 128
+    assert work.k_fill_elements == 4 * 32 * 32 * 128 * 128 and work.kv_stream_bytes == 2 * 4 * 8 * 4096 * 128 * 2
     wide = at(LLAMA, head_dim=256)
     assert wide.constants is model.TRITON_WIDE and LLAMA.constants is model.TRITON
-    for p in model.PLACEMENTS:
-        dragged = predict(wide, H200, p)
-        undragged = dataclasses.replace(dragged, in_kernel_rotation=model.TRITON.rotation_exposure * sum(
-            added_work(wide, p).in_kernel_seconds(H200, wide)))
-        drag = model.TRITON_WIDE.q_drag * dragged.attention if p != "separate" else 0.0
-        assert dragged.in_kernel_rotation == pytest.approx(undragged.in_kernel_rotation + drag)
-    assert model.TRITON.q_drag == model.HOPPER.q_drag == 0.0
+    for shape in (wide, LLAMA):
+        for p in model.PLACEMENTS:
+            dragged = predict(shape, H200, p)
+            undragged = model.TRITON.rotation_exposure * sum(added_work(shape, p).in_kernel_seconds(H200, shape))
+            drag = shape.constants.q_drag * dragged.attention if p != "separate" else 0.0
+            assert dragged.in_kernel_rotation == pytest.approx(undragged + drag)
+    assert model.TRITON_WIDE.q_drag > 5 * model.TRITON.q_drag > 0.0 == model.HOPPER.q_drag
+
+
+def test_tile_exposure_charges_fused_taller_tiles() -> None:
+    """`fused` on the Triton kernel has 256-row q blocks against the others' 128: the
+    causal diagonal and a ragged last block cost it whole-tile FLOPs the others do not
+    compute, at `tile_exposure` x the matmul rate's time (at whole tiles 2 Hq (256 - 128)
+    FLOPs per token and head-dim column: constant per token); the Gluon forward has the
+    same 128 x 128 tiles in every placement, so nothing."""
+    rate = H200.matmul_flops("bf16")
+    tokens = LLAMA.batch * LLAMA.seq_len
+    assert predict(LLAMA, H200, "fused").tiles == pytest.approx(
+        model.TRITON.tile_exposure * 2 * 32 * (256 - 128) * tokens * 128 / rate)
+    assert predict(LLAMA, H200, "hybrid").tiles == predict(LLAMA, H200, "separate").tiles == 0.0
+    ragged = at(LLAMA, seq_len=320, batch=51)  # 256 + 64 rows: the second q block is 3/4 padding
+    whole = at(LLAMA, seq_len=256, batch=64)
+    per_token = [predict(s, H200, "fused").tiles / (s.batch * s.seq_len) for s in (ragged, whole)]
+    assert per_token[0] > 1.5 * per_token[1]
+    gluon = at(LLAMA, hopper=True, fused_block_m=128, fused_block_n=128)
+    assert predict(gluon, H200, "fused").tiles == 0.0
