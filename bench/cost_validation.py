@@ -4,8 +4,8 @@ Reads a `bench/run_all.py` JSON file (its `sweep` / `sweep_training` sections) o
 `bench/cost_sweep.py` one (per program family, each row with its shape), predicts each
 placement with `attnfuse.cost` on a target, and writes one PNG per pass (and family)
 with the measured and predicted `t(fused) - t(hybrid)` and `t(separate) - t(hybrid)`
-against S, the predicted crossovers marked, plus a markdown table of choices (no GPU
-needed):
+(in % of the measured `t(hybrid)`) against S, `fused`'s measured and predicted
+crossovers marked, plus a markdown table of choices (no GPU needed; matplotlib):
 
     python bench/cost_validation.py docs/bench/h200-run14.json --target h200 --out docs/bench
     python bench/cost_validation.py DIR/cost_sweep.json --target h200 --out DIR
@@ -25,14 +25,28 @@ SECTIONS = {"sweep": False, "sweep_training": True}
 
 
 def _added(case: Case, target: Target) -> dict[str, tuple[float, float]]:
-    """Per placement, (measured, predicted) ms added over hybrid."""
+    """Per placement, (measured, predicted) time added over hybrid, in % of the measured
+    t(hybrid)."""
     t = case.times
-    hybrid = model.predict(case.shape, target, "hybrid").extra
-    return {p: ((t[p] - t["hybrid"]) * 1e3, (model.predict(case.shape, target, p).extra - hybrid) * 1e3)
+    predicted = {p: model.predict(case.shape, target, p, backward=case.backward).total for p in model.PLACEMENTS}
+    return {p: (100 * (t[p] / t["hybrid"] - 1), 100 * (predicted[p] - predicted["hybrid"]) / t["hybrid"])
             for p in ("fused", "separate")}
 
 
+def crossing(seqs: list[int], diffs: list[float]) -> float | None:
+    """The first S at which `diffs` (fused - other) turns from negative to >= 0, by
+    linear interpolation between neighbouring S; None if it never does."""
+    for (s0, d0), (s1, d1) in zip(zip(seqs, diffs), zip(seqs[1:], diffs[1:])):
+        if d0 < 0 <= d1:
+            return s0 + (s1 - s0) * -d0 / (d1 - d0)
+    return None
+
+
 def plot(cases: list[Case], target: Target, backward: bool, out: Path, family: str = "") -> Path:
+    """Measured and predicted `t(p) - t(hybrid)` per S, both crossovers of `fused`
+    (measured and predicted, each interpolated between the sweep's S) marked. Points
+    that ran the Triton kernels in a Gluon family (S not a multiple of 128) are hollow
+    and left out of the crossovers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,22 +56,33 @@ def plot(cases: list[Case], target: Target, backward: bool, out: Path, family: s
     if not sel:
         raise SystemExit(f"no {'forward + backward' if backward else 'forward'} cases{' of ' + family if family else ''}")
     seqs = [c.shape.seq_len for c in sel]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    mixed = len({c.shape.hopper for c in sel}) > 1
+    added = [_added(c, target) for c in sel]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for placement, color in (("fused", "tab:red"), ("separate", "tab:blue")):
-        pairs = [_added(c, target)[placement] for c in sel]
-        ax.plot(seqs, [m for m, _ in pairs], "o-", color=color, label=f"{placement} - hybrid, measured")
-        ax.plot(seqs, [p for _, p in pairs], "x--", color=color, label=f"{placement} - hybrid, predicted")
+        for k, (kind, style, marker) in enumerate((("measured", "-", "o"), ("predicted", "--", "x"))):
+            ys = [a[placement][k] for a in added]
+            ax.plot(seqs, ys, style, color=color, label=f"{placement} - hybrid, {kind}")
+            for c, x, y in zip(sel, seqs, ys, strict=True):
+                hollow = mixed and not c.shape.hopper and marker == "o"
+                ax.plot([x], [y], marker, color=color, mfc="none" if hollow else color)
     ax.axhline(0.0, color="gray", lw=0.8)
-    shape = sel[0].shape
+    # crossings in seconds (a % of t(hybrid) interpolates differently), on the family's own kernel
+    own = [i for i, c in enumerate(sel) if c.shape.hopper == sel[-1].shape.hopper]
     for other, style in (("hybrid", ":"), ("separate", "-.")):
-        found = model.crossover(shape, target, "fused", other)
-        if found is not None:
-            ax.axvline(found, color="black", ls=style, lw=1, label=f"predicted crossover fused/{other}: S = {found}")
-        else:
-            ax.plot([], [], " ", label=f"fused/{other}: no predicted crossover from S = {shape.fused_block_m}")
+        for k, (kind, color) in enumerate((("measured", "dimgray"), ("predicted", "black"))):
+            diffs = [(added[i]["fused"][k] - (added[i]["separate"][k] if other == "separate" else 0.0))
+                     * sel[i].times["hybrid"] for i in own]
+            found = crossing([seqs[i] for i in own], diffs)
+            if found is not None:
+                ax.axvline(found, color=color, ls=style, lw=1.2 if k else 2.0, alpha=0.9,
+                           label=f"fused/{other} crossover, {kind}: S = {found:.0f}")
+            else:
+                ax.plot([], [], " ", label=f"fused/{other}, {kind}: "
+                        f"{'fused slower at every S' if diffs[0] >= 0 else 'fused faster at every S'}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("S (batch x S fixed)")
-    ax.set_ylabel("ms added over hybrid (< 0: faster than hybrid)")
+    ax.set_xlabel("S (batch x S fixed)" + ("; hollow: the Triton kernels (S not a multiple of 128)" if mixed else ""))
+    ax.set_ylabel("time added over hybrid, % of t(hybrid)")
     ax.set_title(f"cost model vs measured on {target.name}, {family + ', ' if family else ''}"
                  f"{'forward + backward' if backward else 'forward'}")
     ax.legend(fontsize=7)

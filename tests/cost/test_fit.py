@@ -284,3 +284,16 @@ def test_sweep_triton_only_builds_no_gluon_kernel() -> None:
             module = PassManager(cost_sweep.pipeline(placement, triton_only)).run(parse_program(text))
             counts.append(sum(isinstance(op, GluonKernelOp) for op in module.walk()))
         assert counts[0] > 0 and counts[1] == 0, (placement, counts)
+
+
+def test_validation_crossing_interpolates_the_first_sign_change() -> None:
+    """`bench/cost_validation.py` marks a crossover where `fused - other` first turns from
+    negative to >= 0, linearly between the sweep's neighbouring S."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import cost_validation
+
+    assert cost_validation.crossing([1024, 2048, 4096], [-30.0, 10.0, 50.0]) == pytest.approx(1024 + 1024 * 0.75)
+    assert cost_validation.crossing([256, 512], [5.0, 9.0]) is None  # fused slower at every S
+    assert cost_validation.crossing([256, 512, 1024], [-1.0, 0.0, -2.0]) == 512
