@@ -297,3 +297,20 @@ def test_validation_crossing_interpolates_the_first_sign_change() -> None:
     assert cost_validation.crossing([1024, 2048, 4096], [-30.0, 10.0, 50.0]) == pytest.approx(1024 + 1024 * 0.75)
     assert cost_validation.crossing([256, 512], [5.0, 9.0]) is None  # fused slower at every S
     assert cost_validation.crossing([256, 512, 1024], [-1.0, 0.0, -2.0]) == 512
+
+
+def test_auto_on_run30_with_run34_retimings() -> None:
+    """Run 30's cases re-timed in run 34 in place of its own: the S >= 16384 Gluon cases
+    over 10 calls a timing (call D) give 162 of 182 and one miss above 3% (the S = 65536
+    forward misses of run 30 are 2.7% there); adding call E's re-timing of the pairs whose
+    rounds spread by more than 5%, 160 of 182, the one miss above 3% a case whose five
+    rounds spread by 44%."""
+    run34 = BENCH / "h200-run34"
+    retimed = {(c.shape, c.backward): c for c in load_sweep(run34 / "callD" / "cost_sweep.json")}
+    merged = [retimed.get((c.shape, c.backward), c) for c in RUN30]
+    assert len(retimed) == 36 and sum(c is not o for c, o in zip(merged, RUN30, strict=True)) == 36
+    result = score(merged, H200)
+    assert result.hits == 162 and [(s, bwd) for s, bwd, *_, loss in result.misses if loss > 0.03] == [(384, True)]
+    retimed |= {(c.shape, c.backward): c for c in load_sweep(run34 / "callE" / "cost_sweep.json")}
+    result = score([retimed.get((c.shape, c.backward), c) for c in RUN30], H200)
+    assert result.hits == 160 and [(s, bwd) for s, bwd, *_, loss in result.misses if loss > 0.03] == [(256, True)]
