@@ -6,7 +6,10 @@ Every placement runs the same attention; they differ in the work they add
 * ``separate``: a pre-kernel that reads and writes Q, one that reads and writes K;
 * ``hybrid``: the K pre-kernel, and Q rotated once per program in the kernel prologue;
 * ``fused``: Q as in ``hybrid``, and each K tile rotated in the kernel once per q block
-  that visits it (``gqa_pack`` query heads sharing one program share the rotation).
+  that visits it (``gqa_pack`` query heads sharing one program share the rotation); on
+  the Gluon forward each work item's first K tile in full (the pipeline fill) and the
+  rest less what the kernel's K/V stream hides; on the Triton forward the extra
+  whole-tile work of its taller q blocks.
 
 A QK-norm moves with its side's RoPE: in a pre-kernel it adds no bytes (the same
 pre-kernel reads and writes the row once); in the kernel each element the kernel
@@ -19,10 +22,12 @@ plus :data:`LAUNCH_S`. An element transformed in the kernel costs :func:`rotatio
 Q (rotated once per program) and, on sm_90's Gluon schedule, whose producer warpgroup
 rotates each K tile beside the consumers' matmuls, one for K's rotation and one for
 K's norm. The constants belong to the forward kernel that runs
-(:class:`KernelConstants`): :data:`TRITON`, fitted to the Triton kernel on the H200
-sweep of run 14, and :data:`HOPPER`, fitted to the Gluon kernels (run 30's sweep;
-:mod:`attnfuse.cost.fit`). :data:`LAUNCH_S` is an assumption (on those sweeps, whose
-batch x sequence is fixed, it cannot be told apart from the pre-kernel bandwidth).
+(:class:`KernelConstants`): :data:`TRITON`, fitted to the Triton kernels on the H200
+with the Gluon ones switched off (run 34), and :data:`HOPPER`, fitted to the Gluon
+kernels (run 30's sweep; :mod:`attnfuse.cost.fit`). The kernel that transforms Q in the
+Triton forward is slower by a fraction of the attention floor (``q_drag``).
+:data:`LAUNCH_S` is an assumption (on those sweeps, whose batch x sequence is fixed, it
+cannot be told apart from the pre-kernel bandwidth).
 The backward (:func:`backward_work`) rotates dQ and dK back for every placement and
 recomputes the sides the forward did not save: K after `fused`, QK-normed sides always.
 The cos/sin table is built once per shape class, so it is reported, not charged per call.
