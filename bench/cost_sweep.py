@@ -13,11 +13,16 @@ holds, so a sweep can span several device calls (`--budget-s` stops before start
 pair once that many seconds have passed).
 
     python bench/cost_sweep.py --out DIR [--families d128_g4,d64_g4] [--seqs 256,512] [--resume] [--budget-s 540]
-                               [--rounds 3] [--triton-only] [--min-calls 10]
+                               [--rounds 3] [--triton-only] [--min-calls 10] [--graphs]
 
 `--rounds N` times the placements N times in turn, rotating their order, and keeps the
 median (`ms`) and every round (`rounds_ms`): run 26 timed each once, and at S >= 16384
 its differences between placements changed sign from one family to the next.
+
+`--graphs` replays every step from a CUDA graph (`do_bench_cudagraph`): a forward +
+backward step of 0.5 ms at S = 256 is host-bound, and its eager timing moved by up to 44%
+between rounds in run 34; a step that cannot be captured is timed eagerly and its rows
+carry `graph_error`. Not yet run on a GPU.
 
 `--triton-only` compiles without sm_90's Gluon kernels (`lower-to-tile{hopper-forward=false}`,
 `lower-backward{hopper-backward=false}`), so that an sm_90 GPU times the Triton kernels
@@ -105,10 +110,11 @@ def shape_row(text: str, seq: int, batch: int, target: Target | None) -> dict[st
     return dataclasses.asdict(shape_of(_program(text), seq, batch, target=target))
 
 
-def _time(fn: Callable[[], Any], min_calls: int = 1) -> float:
+def _time(fn: Callable[[], Any], min_calls: int = 1, graphs: bool = False) -> float:
     """Median ms of ``fn`` over `do_bench`'s 100 ms, or over at least ``min_calls`` calls
     where one call takes longer than 100 ms / ``min_calls`` (`do_bench` alone times a
-    60 ms call once)."""
+    60 ms call once); ``graphs``: of ``fn`` captured once in a CUDA graph and replayed
+    (`do_bench_cudagraph`: the host's launch path left out)."""
     import triton
 
     fn()  # the shape class's first call builds its launch plan
@@ -118,16 +124,20 @@ def _time(fn: Callable[[], Any], min_calls: int = 1) -> float:
     end.record()
     torch.cuda.synchronize()
     rep = max(100.0, min_calls * start.elapsed_time(end))
+    if graphs:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
 
 
 def measure(name: str, family: Family, text: str, seq: int, batch: int,
             compiled: dict[str, Any], rounds: int = 1, triton_only: bool = False,
-            min_calls: int = 1) -> list[dict[str, Any]]:
+            min_calls: int = 1, graphs: bool = False) -> list[dict[str, Any]]:
     """Forward and forward + backward ms of every placement at one S. With `rounds` > 1
     the placements are timed in turn that many times, the order rotated each round (a
     drift of the GPU's clocks during the sweep then falls on every placement alike):
-    `ms` is the median over the rounds, `rounds_ms` every round's time."""
+    `ms` is the median over the rounds, `rounds_ms` every round's time. With `graphs`
+    each step is replayed from a CUDA graph; a step whose capture fails is timed eagerly
+    and its rows say why (`graph_error`)."""
     gen = torch.Generator(device="cuda").manual_seed(seq)
 
     def make(heads: int) -> torch.Tensor:
@@ -153,18 +163,29 @@ def measure(name: str, family: Family, text: str, seq: int, batch: int,
         steps += [("cost_forward", placement, forward), ("cost_training", placement, training)]
     times: dict[tuple[str, str], list[float]] = {(section, p): [] for section, p, _ in steps}
     errors: dict[tuple[str, str], str] = {}
+    eager: dict[tuple[str, str], str] = {}  # steps whose graph capture failed
     for i in range(rounds):
         shift = (i * 2) % len(steps)  # rotate by one placement (its two sections) a round
         for section, placement, step in steps[shift:] + steps[:shift]:
-            if (section, placement) in errors:
+            key = (section, placement)
+            if key in errors:
                 continue
             try:
-                times[section, placement].append(_time(step, min_calls))
+                if graphs and key not in eager:
+                    try:
+                        times[key].append(_time(step, min_calls, graphs=True))
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - not capturable: time it eagerly
+                        eager[key] = f"{type(exc).__name__}: {exc}"[:400]
+                        torch.cuda.synchronize()
+                times[key].append(_time(step, min_calls))
             except Exception as exc:  # noqa: BLE001 - a placement that does not run is a result
-                errors[section, placement] = f"{type(exc).__name__}: {exc}"[:400]
+                errors[key] = f"{type(exc).__name__}: {exc}"[:400]
     rows = []
     for section, placement, _ in sorted(steps, key=lambda s: (s[0], PLACEMENTS.index(s[1]))):
         row: dict[str, Any] = {"section": section, "family": name, "seq": seq, "batch": batch, "name": placement}
+        if (section, placement) in eager:
+            row["graph_error"] = eager[section, placement]
         if (section, placement) in errors:
             row["error"] = errors[section, placement]
         else:
@@ -187,6 +208,8 @@ def main() -> None:
                         help="time the placements this many times in turn, the order rotated each round (ms: the median)")
     parser.add_argument("--min-calls", type=int, default=1,
                         help="each timing covers at least this many calls (default: do_bench's 100 ms)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="replay each step from a CUDA graph (no host launch path in the time)")
     parser.add_argument("--triton-only", action="store_true", help="time the Triton kernels, not sm_90's Gluon ones")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -198,7 +221,7 @@ def main() -> None:
     path = args.out / "cost_sweep.json"
     target = get_target("h200") if torch.cuda.get_device_capability()[0] == 9 else None
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "target": target and target.name,
-            "triton_only": args.triton_only, "min_calls": args.min_calls}
+            "triton_only": args.triton_only, "min_calls": args.min_calls, "graphs": args.graphs}
     rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if args.resume and path.exists() else []
     done = {(r["family"], r["seq"]) for r in rows}
     started = time.time()
@@ -214,7 +237,8 @@ def main() -> None:
                 return
             batch = batch_of(seq, args.tokens)
             shape = shape_row(text, seq, batch, None if args.triton_only else target)
-            new = measure(name, family, text, seq, batch, compiled, args.rounds, args.triton_only, args.min_calls)
+            new = measure(name, family, text, seq, batch, compiled, args.rounds, args.triton_only, args.min_calls,
+                          args.graphs)
             torch.cuda.empty_cache()
             rows += [{**r, "shape": shape} for r in new]
             path.write_text(json.dumps({**meta, "rows": rows}, indent=1))
