@@ -25,12 +25,10 @@ SECTIONS = {"sweep": False, "sweep_training": True}
 
 
 def _added(case: Case, target: Target) -> dict[str, tuple[float, float]]:
-    """Per placement, (measured, predicted) time added over hybrid, in % of the measured
-    t(hybrid)."""
+    """Per placement, (measured, predicted) seconds added over hybrid."""
     t = case.times
     predicted = {p: model.predict(case.shape, target, p, backward=case.backward).total for p in model.PLACEMENTS}
-    return {p: (100 * (t[p] / t["hybrid"] - 1), 100 * (predicted[p] - predicted["hybrid"]) / t["hybrid"])
-            for p in ("fused", "separate")}
+    return {p: (t[p] - t["hybrid"], predicted[p] - predicted["hybrid"]) for p in ("fused", "separate")}
 
 
 def crossing(seqs: list[int], diffs: list[float]) -> float | None:
@@ -61,7 +59,7 @@ def plot(cases: list[Case], target: Target, backward: bool, out: Path, family: s
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for placement, color in (("fused", "tab:red"), ("separate", "tab:blue")):
         for k, (kind, style, marker) in enumerate((("measured", "-", "o"), ("predicted", "--", "x"))):
-            ys = [a[placement][k] for a in added]
+            ys = [100 * a[placement][k] / c.times["hybrid"] for a, c in zip(added, sel, strict=True)]
             ax.plot(seqs, ys, style, color=color, label=f"{placement} - hybrid, {kind}")
             for c, x, y in zip(sel, seqs, ys, strict=True):
                 hollow = mixed and not c.shape.hopper and marker == "o"
@@ -71,8 +69,7 @@ def plot(cases: list[Case], target: Target, backward: bool, out: Path, family: s
     own = [i for i, c in enumerate(sel) if c.shape.hopper == sel[-1].shape.hopper]
     for other, style in (("hybrid", ":"), ("separate", "-.")):
         for k, (kind, color) in enumerate((("measured", "dimgray"), ("predicted", "black"))):
-            diffs = [(added[i]["fused"][k] - (added[i]["separate"][k] if other == "separate" else 0.0))
-                     * sel[i].times["hybrid"] for i in own]
+            diffs = [added[i]["fused"][k] - (added[i]["separate"][k] if other == "separate" else 0.0) for i in own]
             found = crossing([seqs[i] for i in own], diffs)
             if found is not None:
                 ax.axvline(found, color=color, ls=style, lw=1.2 if k else 2.0, alpha=0.9,

@@ -113,8 +113,9 @@ class Fit:
     rms_relative: float
     k_rotation_exposure: float | None = None
     k_norm_exposure: float | None = None
-    fill_exposure: float = 0.0
     """Set by ``fit(..., split_k=True)``; the K norm's only where a case has one."""
+    fill_exposure: float = 0.0
+    """Set by ``fit(..., split_k=True)``."""
     kv_slack: float = 0.0
     """The slack the fit was made with (``fit(..., kv_slack=)``)."""
     q_drag: float = 0.0
@@ -161,11 +162,10 @@ def fit(cases: Iterable[Case], target: Target, *, efficiency: float | None = Non
                 fixed += bwd.launches * model.LAUNCH_S + stored
             q_side, k_rot, k_norm = w.in_kernel_seconds(target, shape)
             cols = {"inverse_efficiency": moved / target.bandwidth(), "drag": floor if p != "separate" else 0.0,
-                    "tiles": (model.tile_flops(model.fused_tiles(shape)) / target.matmul_flops(shape.dtype) - floor
-                              if p == "fused" else 0.0)}
+                    "tiles": model.fused_tile_seconds(shape, target) if p == "fused" else 0.0}
             if split_k:
-                k_rot = max(0.0, k_rot - kv_slack * w.kv_stream_bytes / target.bandwidth())
-                cols |= {"q": q_side, "k_rot": k_rot, "k_norm": k_norm, "fill": w.fill_seconds(target, shape)}
+                cols |= {"q": q_side, "k_rot": w.k_rotation_past_slack(target, shape, kv_slack), "k_norm": k_norm,
+                         "fill": w.fill_seconds(target, shape)}
             else:
                 cols["rotation"] = q_side + k_rot + k_norm
             return cols, fixed

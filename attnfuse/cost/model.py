@@ -60,6 +60,7 @@ __all__ = [
     "crossover",
     "crossover_closed_form",
     "extra_at_tokens",
+    "fused_tile_seconds",
     "fused_tiles",
     "norm_seconds",
     "predict",
@@ -310,14 +311,19 @@ class Work:
         norm = norm_seconds(target, shape.head_dim) if shape.k_norm else 0.0
         return (rotation_seconds(target, shape.dtype) + norm) * self.k_fill_elements
 
+    def k_rotation_past_slack(self, target: Target, shape: AttentionShape, kv_slack: float) -> float:
+        """The K rotation's time before exposure less ``kv_slack`` times the kernel's K/V
+        stream (:attr:`kv_stream_bytes` at the target's bandwidth), at least 0."""
+        k_rot = self.in_kernel_seconds(target, shape)[1]
+        return max(0.0, k_rot - kv_slack * self.kv_stream_bytes / target.bandwidth())
+
     def exposed_seconds(self, target: Target, shape: AttentionShape) -> float:
         """The in-kernel transforms' exposed time: each part times its exposure, the K
         rotation less the slack of the kernel's K/V stream."""
         k = shape.constants
-        q_side, k_rot, k_norm = self.in_kernel_seconds(target, shape)
-        slack = k.kv_slack * self.kv_stream_bytes / target.bandwidth()
-        return (k.rotation_exposure * q_side + k.k_exposure * max(0.0, k_rot - slack) + k.k_norm * k_norm
-                + k.fill_exposure * self.fill_seconds(target, shape))
+        q_side, _, k_norm = self.in_kernel_seconds(target, shape)
+        return (k.rotation_exposure * q_side + k.k_exposure * self.k_rotation_past_slack(target, shape, k.kv_slack)
+                + k.k_norm * k_norm + k.fill_exposure * self.fill_seconds(target, shape))
 
 
 def added_work(shape: AttentionShape, placement: str) -> Work:
@@ -384,6 +390,12 @@ def tile_flops(shape: AttentionShape) -> float:
     return 4.0 * shape.batch * shape.q_heads * min(shape.block_m, shape.seq_len) * visited_kv_rows(shape) * shape.head_dim
 
 
+def fused_tile_seconds(shape: AttentionShape, target: Target) -> float:
+    """The whole-tile matmul work `fused`'s own tiles add over the other placements',
+    at the target's matmul rate (before :attr:`KernelConstants.tile_exposure`)."""
+    return (tile_flops(fused_tiles(shape)) - tile_flops(shape)) / target.matmul_flops(shape.dtype)
+
+
 def predict(shape: AttentionShape, target: Target, placement: str, *, backward: bool = False,
             saved_sides: bool = True) -> Prediction:
     """Predicted time of ``placement`` (forward, or forward + backward; ``saved_sides``:
@@ -394,7 +406,7 @@ def predict(shape: AttentionShape, target: Target, placement: str, *, backward: 
     pre, rotation = _seconds(added_work(shape, placement), shape, target)
     if placement != "separate":
         rotation += k.q_drag * flops / rate
-    tiles = k.tile_exposure * (tile_flops(fused_tiles(shape)) - flops) / rate if placement == "fused" else 0.0
+    tiles = k.tile_exposure * fused_tile_seconds(shape, target) if placement == "fused" else 0.0
     bwd = 0.0
     if backward:
         bwd = _seconds(backward_work(shape, placement, saved_sides=saved_sides), shape, target)[0]
