@@ -124,20 +124,22 @@ TRITON_WIDE = KernelConstants(rotation_exposure=1.949, prekernel_efficiency=0.58
 """The Triton forward kernel at head dims above 128: as :data:`TRITON`, and the kernel
 that rotates Q is 18.5% of the attention floor slower at every S (run 30's head-dim-256
 family's median, forward, S = 256 .. 65536)."""
-HOPPER = KernelConstants(rotation_exposure=1.595, prekernel_efficiency=0.816, k_rotation_exposure=0.675,
-                         k_norm_exposure=19.82, fill_exposure=2.035, kv_slack=1.3)
-"""Fitted to the sm_90 warp-specialized Gluon kernels: run 30's rounds sweep (H200, 132
-cases of six families, S = 256 .. 65536 where the Gluon forward takes S, forward and
-forward + backward; refitted in run 31 with the saved Q charged as
-:attr:`Work.kernel_store_bytes`, in run 33 without the S = 320 and 448 cases, which
-ran the Triton kernels, and in session 34 with the pipeline fill and the K/V slack),
-the pre-kernel efficiency held at run 26's 0.816 (run 27's per-kernel profile: 0.82 for
-the K, 0.92 for the Q pre-kernel at S = 4096). K tiles rotated by the producer warpgroup
-beside the matmuls are partly hidden (0.68, after 1.3 K/V stream times of slack), each
-work item's first one is not (2.0: the consumers wait for it), Q rotated in the
-consumers' prologue is not (1.60); a K QK-norm in the producer costs 20x its FLOP count
-(a row reduction per visit). The slack is the least-squares residual's minimum over
-0 .. 3 in steps of 0.1 (flat from 1.0 to 1.6)."""
+HOPPER = KernelConstants(rotation_exposure=1.648, prekernel_efficiency=0.816, k_rotation_exposure=0.674,
+                         k_norm_exposure=19.78, fill_exposure=1.921, kv_slack=0.7)
+"""Fitted to the sm_90 warp-specialized Gluon kernels on the H200 sweep: run 30's rounds
+sweep (132 cases of six families, S = 256 .. 65536 where the Gluon forward takes S,
+forward and forward + backward) with its S <= 1024 cases re-timed from CUDA graphs (run
+35) and its S >= 16384 ones over 10 calls (run 34); refitted in run 31 with the saved Q
+charged as :attr:`Work.kernel_store_bytes`, in run 33 without the S = 320 and 448 cases,
+which ran the Triton kernels, in session 34 with the pipeline fill and the K/V slack, and
+in session 35 on the re-timed cases. The pre-kernel efficiency is held at run 26's 0.816
+(run 27's per-kernel profile: 0.82 for the K, 0.92 for the Q pre-kernel at S = 4096).
+K tiles rotated by the producer warpgroup beside the matmuls are partly hidden (0.67,
+after 0.7 K/V stream times of slack), each work item's first one is not (1.9: the
+consumers wait for it), Q rotated in the consumers' prologue is not (1.65); a K QK-norm
+in the producer costs 20x its FLOP count (a row reduction per visit). The slack is the
+least-squares residual's minimum over 0 .. 3 in steps of 0.1 (1.3 on run 30's eager
+timings alone)."""
 HOPPER_FUSED_TILES = (128, 128)
 """(q rows, keys) per K visit of the Gluon forward that rotates K (`fused`): a CTA's
 work item is 128 q rows of one head; its producer rotates each 128-key tile once."""

@@ -106,3 +106,19 @@ def test_measuring_kernels_compile_for_sm90() -> None:
                            {(1,): 8, (2,): 1024, (3,): sin})
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         assert instruction in compiled.asm["ptx"] and other not in compiled.asm["ptx"]
+
+
+def test_l2_read_kernel_compiles_for_sm90() -> None:
+    """The L2 read loop compiles for Hopper with its load inside the loop (bypassing L1:
+    `.cg`), not hoisted out of it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(calibrate._read_kernel(), {"X": "*fp32", "Out": "*fp32", "CHUNKS": "constexpr",
+                                                  "PASSES": "constexpr", "BLOCK": "constexpr"},
+                       {(2,): 960, (3,): 64, (4,): 4096})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    ptx = compiled.asm["ptx"]
+    loop = ptx[ptx.index("$L__BB0_"):]  # the first label opens the loop body
+    assert "ld.global.cg" in loop and "ld.global.cg" not in ptx[:ptx.index("$L__BB0_")]

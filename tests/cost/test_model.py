@@ -161,7 +161,8 @@ def test_crossover_closed_form_terms() -> None:
     slack = k.kv_slack * 2 * 32 * 2 / H200.bandwidth()
     x = (pre - fill + k.k_exposure * slack) / (k.k_exposure * rot * 32 / 2)
     assert crossover_closed_form(shape, H200) == pytest.approx(128 * (x - 1), rel=1e-12)
-    assert 1024 < crossover_closed_form(shape, H200) < 1536  # measured (run 30): 1559
+    # measured on the H200 sweep (run 30, S <= 1024 re-timed from CUDA graphs): 893
+    assert 0.75 * 893 < crossover_closed_form(shape, H200) < 1.25 * 893
 
 
 def test_crossover_absent_when_fused_never_loses() -> None:
