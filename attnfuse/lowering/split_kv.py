@@ -5,7 +5,8 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
 * `@f_split_kv`, grid `[splits, B * Hkv, 1]`: one program per (split, batch, KV head)
   packs the query rows of the G heads of its KV head into one tile (row `r` is query
   `r / G` of head `kv_head * G + r % G`), walks its share of the KV blocks the tile plan
-  visits (the same band loops, masked / full / masked, cut at the split's bounds) and
+  visits (the same band loops, masked / full / masked, cut at the split's bounds; the
+  first left out where the band has no lower edge, as for causal decoding) and
   writes a partial output (fp32, normalised) and its base-2 log-sum-exp to a workspace.
   Split 0 starts its state from the sink logits, so the sinks count once. With one split
   the program writes `out` and `lse` itself.
@@ -105,6 +106,11 @@ class SplitKernel(ForwardKernel):
         state, sink2 = self._start(split, head)
         ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
         split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
+        if len(ranges) == 3 and self.online.plan.get_band()[0] is None:
+            # No lower band edge: the leading masked range is [0, 0). Its loop would cost
+            # a software-pipeline prologue per program (run 35: a third of a one-tile
+            # split program's instructions), so none is emitted.
+            ranges = ranges[1:]
         for start, end, full in ranges:
             state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
         m_i, l_i, acc = state
