@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 35, call D: the split kernel without its empty first loop (new) against HEAD~ (old), then the GPU decode tests.
+# .gpu/paged_probe2.py is callB/paged_probe2.py (one comment differs).
 python3 -c "import xdsl" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
