@@ -108,8 +108,8 @@ class SplitKernel(ForwardKernel):
         split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
         if len(ranges) == 3 and self.online.plan.get_band()[0] is None:
             # No lower band edge: the leading masked range is [0, 0). Its loop would cost
-            # a software-pipeline prologue per program (run 35: a third of a one-tile
-            # split program's instructions), so none is emitted.
+            # a software-pipeline prologue per program, so none is emitted (run 35: every
+            # decode shape measured faster without it, up to 6% contiguous, 12% paged).
             ranges = ranges[1:]
         for start, end, full in ranges:
             state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
