@@ -13,8 +13,8 @@ that after the first pass every read hits L2), FP32 vector FMA rate and
 special-function rate (`sin.approx`) from Triton loops. A single copy of an L2-sized
 buffer, what this measured before, is too short to leave its launch and ramp behind:
 on an H200 it gave 2.5 TB/s, less than the HBM copy. Read from the device: SMs, L2
-size, shared memory and registers per SM, clock. Shared-memory bandwidth is derived (128 bytes per SM per clock), as in the
-table. The profile is JSON in `Target`'s fields (`attnfuse.cost.target.target_from_profile`).
+size, shared memory and registers per SM, clock. Shared-memory bandwidth is derived
+(128 bytes per SM per clock), as in the table. The profile is JSON in `Target`'s fields (`attnfuse.cost.target.target_from_profile`).
 """
 
 from __future__ import annotations
