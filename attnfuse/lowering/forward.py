@@ -284,7 +284,9 @@ class ForwardKernel:
     # ------------------------------------------------------------------ KV walk
 
     def _loop_ranges(self, q_start: SSAValue, q_len: SSAValue, kv_len: SSAValue) -> list[tuple[Value, Value, bool]]:
-        """[(lo, hi, full)] KV ranges of this q block, from the tile plan."""
+        """[(lo, hi, full)] KV ranges of this q block, from the tile plan: one masked
+        range for an inexact plan; else masked / full / masked, without the first where
+        the band has no lower edge (it would be empty)."""
         b, online, bn = self.b, self.online, self.block_n
         q_last = b.sub(b.minimum(b.add(q_start, self.block_m), q_len), 1, name="q_last")
         plan = online.plan
@@ -321,6 +323,12 @@ class ForwardKernel:
             return [(lo, hi, False)]
         full_hi = b.minimum(full_hi, kv_end_tiles)
         hi_tiles = b.mul(b.div(b.add(hi, bn - 1), bn), bn)
+        if lower is None:
+            # No lower band edge: the full tiles start at key 0 and the leading masked
+            # range is [0, 0). It gets no loop, whose software-pipeline prologue would
+            # run for nothing (run 35: up to 6% of a contiguous decode call, 12% paged).
+            f1 = b.minimum(b.maximum(full_hi, 0), hi_tiles, name="full_hi")
+            return [(0, f1, True), (f1, hi, False)]
         f0 = b.minimum(b.maximum(full_lo, lo), hi_tiles, name="full_lo")
         f1 = b.minimum(b.maximum(full_hi, f0), hi_tiles, name="full_hi")
         return [(lo, f0, False), (f0, f1, True), (f1, hi, False)]

@@ -5,8 +5,7 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
 * `@f_split_kv`, grid `[splits, B * Hkv, 1]`: one program per (split, batch, KV head)
   packs the query rows of the G heads of its KV head into one tile (row `r` is query
   `r / G` of head `kv_head * G + r % G`), walks its share of the KV blocks the tile plan
-  visits (the same band loops, masked / full / masked, cut at the split's bounds; the
-  first left out where the band has no lower edge, as for causal decoding) and
+  visits (the same band loops, masked / full / masked, cut at the split's bounds) and
   writes a partial output (fp32, normalised) and its base-2 log-sum-exp to a workspace.
   Split 0 starts its state from the sink logits, so the sinks count once. With one split
   the program writes `out` and `lse` itself.
@@ -52,15 +51,16 @@ from attnfuse.lowering.split_combine import build_combine
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
 
-def split_stages(spec: ForwardSpec, rows: int, block_n: int) -> int:
+def split_stages(spec: ForwardSpec, rows: int, block_n: int, *, paged_depth: bool = True) -> int:
     """Pipeline depth (`kv_stages`) whose tiles fit half of `SHARED_MEMORY_BUDGET`, so
     that two programs share an SM: the packed Q tile of `rows` rows plus the K and V
-    tiles, counted as `pipeline_stages` counts them for the forward kernel."""
+    tiles, counted as `pipeline_stages` counts them for the forward kernel; a paged
+    program's two extra stages unless `paged_depth` is False."""
     q_type, v_type = spec.q.type, spec.v.type
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
     return kv_stages(q_type, v_type, rows, block_n, SHARED_MEMORY_BUDGET // 2,
                      k_in_kernel=k_transformed_in_kernel(spec.program), f32_dot=spec.f32_dot,
-                     paged=spec.paged is not None)
+                     paged=spec.paged is not None and paged_depth)
 
 
 def split_warps(spec: ForwardSpec, rows: int) -> int:
@@ -73,11 +73,15 @@ def split_warps(spec: ForwardSpec, rows: int) -> int:
 
 
 class SplitKernel(ForwardKernel):
-    """The split kernel (see the module docstring); reuses the forward kernel's KV walk."""
+    """The split kernel (see the module docstring); reuses the forward kernel's KV walk.
+    `one_loop`: walk the split's keys in one masked loop instead of the band's loops
+    (for splits of a few KV blocks, where each loop's pipeline prologue costs more than
+    the mask code saves)."""
 
     def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr, o_part: SSAValue,
-                 lse_part: SSAValue) -> None:
+                 lse_part: SSAValue, *, one_loop: bool = False) -> None:
         super().__init__(spec, name)
+        self.one_loop = one_loop
         self.group = plan.group.data
         self.o_part = self.sig.tensor("Opart", o_part)
         self.lse_part = self.sig.tensor("LSEpart", lse_part)
@@ -106,11 +110,8 @@ class SplitKernel(ForwardKernel):
         state, sink2 = self._start(split, head)
         ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
         split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
-        if len(ranges) == 3 and self.online.plan.get_band()[0] is None:
-            # No lower band edge: the leading masked range is [0, 0). Its loop would cost
-            # a software-pipeline prologue per program, so none is emitted (run 35: every
-            # decode shape measured faster without it, up to 6% contiguous, 12% paged).
-            ranges = ranges[1:]
+        if self.one_loop:
+            ranges = [(ranges[0][0], ranges[-1][1], False)]
         for start, end, full in ranges:
             state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
         m_i, l_i, acc = state
@@ -226,7 +227,7 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     rows, block_n = plan.rows.data, plan.block_n.data
     packed_rows = host.mul(spec.q_len, plan.group.data, "packed_rows")
     decoding = host.emit(arith.CmpiOp(packed_rows, host.const(rows), "sle"), "decoding")
-    splits = _split_count(host, spec, plan)
+    splits, blocks_per_split = _split_count(host, spec, plan)
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
     v_dim = spec.v.type.get_shape()[3]
@@ -240,28 +241,40 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
     name = f"{fname}_split_kv"
     split_bh = host.mul(spec.batch, hk, "split_bh")
+    programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
+    one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     kernels: list[Operation] = []
-    tiers = [rows]
-    if plan.group.data <= SMALL_ROWS < rows:
-        tiers.insert(0, SMALL_ROWS)
+    small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
+    # (name, packed rows, one loop at the contiguous depth); the first whose condition
+    # holds takes the call, the last takes the rest.
+    variants = [(name, rows, False)]
+    if small_rows < rows:
+        variants.insert(0, (f"{name}_small", small_rows, False))
+    if spec.paged is not None:
+        variants.insert(0, (f"{name}_short", small_rows, True))
     grid = split_grid
-    for tier in tiers:
-        tier_name = name if tier == rows else f"{name}_small"
+    for i, (variant, tier, short) in enumerate(variants):
         tier_grid = grid
-        if tier != rows:
+        if variant != name:
+            suffix = variant[len(name) + 1:]
             # Calls whose packed rows fit the small tile and whose programs fit one wave
             # take it (latency-bound); the rest the full one, whose larger shared-memory
             # footprint fits two programs per SM in whole waves (run 30: the 16-row tile
-            # lost 10% at B = 64).
-            fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), "fits_small_tile")
-            programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
-            one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
-            small = host.emit(arith.AndIOp(fits, one_wave), "small_tile")
-            tier_grid = host.emit(arith.SelectOp(small, split_grid, host.const(0)), "small_split_grid")
-            grid = host.emit(arith.SelectOp(small, host.const(0), split_grid), "full_split_grid")
-        kernel = SplitKernel(_tier_spec(spec, tier, block_n), tier_name, plan, o_part, lse_part)
+            # lost 10% at B = 64). A paged program's calls of one wave whose splits hold
+            # at most SHORT_SPLIT_BLOCKS blocks take the short kernel (one loop, the
+            # contiguous depth: run 35, call B).
+            fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
+            taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
+            if short:
+                few = host.emit(arith.CmpiOp(blocks_per_split, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
+                taken = host.emit(arith.AndIOp(taken, few), "short_split")
+            tier_grid = host.emit(arith.SelectOp(taken, grid, host.const(0)), f"{suffix}_split_grid")
+            rest = "full_split_grid" if i == len(variants) - 2 else f"after_{suffix}_grid"
+            grid = host.emit(arith.SelectOp(taken, host.const(0), grid), rest)
+        kernel = SplitKernel(_tier_spec(spec, tier, block_n, short=short), variant, plan, o_part, lse_part,
+                             one_loop=short)
         kernels.append(kernel.build())
-        host.launch(tier_name, [tier_grid, split_bh, one], kernel.sig.host_operands())
+        host.launch(variant, [tier_grid, split_bh, one], kernel.sig.host_operands())
     several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
     combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
     combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
@@ -271,15 +284,16 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     return SplitKVPath(kernels, decoding)
 
 
-def _tier_spec(spec: ForwardSpec, rows: int, block_n: int) -> ForwardSpec:
-    """The forward spec of the split kernel with tiles of `rows` packed rows."""
+def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool) -> ForwardSpec:
+    """The forward spec of the split kernel with tiles of `rows` packed rows (`short`:
+    at the pipeline depth of a contiguous cache)."""
     online = spec.program.online
     assert online is not None
     return dataclasses.replace(
         spec, block_m=rows, block_n=block_n, block_map=None,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
-        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n),
+        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n, paged_depth=not short),
         launch={"role": StringAttr("split_kv")})
 
 
@@ -290,7 +304,16 @@ with one, B = 16, Skv = 131072 at 0.99x with two (run 27) and 0.95x with one (ru
 while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30)."""
 
 
-def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAValue:
+SHORT_SPLIT_BLOCKS = 8
+"""KV blocks per split up to which a paged program's calls of one wave take the short
+split kernel (one masked loop, three stages instead of five). On the H200 (Sq = 1,
+16-row tiles, one wave, from CUDA graphs) against the band's loops at five stages, with
+the same splits: 1 block per split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks
+29.05 -> 37.80, 32 blocks 52.93 -> 72.74 (run 35, call B); 2 blocks (B = 1, Skv = 1024,
+8 splits) 9.98 -> 7.94 (run 36, call E)."""
+
+
+def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[SSAValue, SSAValue]:
     """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
     keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
     down: a partly filled last wave would take as long as a full one), each split at
@@ -298,7 +321,8 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
     kernel's shared memory is sized for two) with every split at least
     `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
     they lose to the combine); always at least 1 and at
-    most the KV blocks visited, and rounded so that no split is empty."""
+    most the KV blocks visited, and rounded so that no split is empty. Returns (splits,
+    KV blocks per split)."""
     blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
                                      host.const(1)), "kv_blocks")
     if plan.is_auto():
@@ -317,7 +341,7 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> SSAVal
     else:
         wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
     per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
-    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits")
+    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits"), per_split
 
 
 def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:

@@ -6,8 +6,9 @@
 // RUN: not attnfuse-opt %s --split-input-file -p 'attn-canonicalize,online-softmax,mask-tiling,lower-to-tile' 2>&1 | filecheck %s --check-prefix=PREREQ
 // PREREQ: pass 'lower-to-tile' requires 'rope-fusion' to run earlier in the pipeline
 
-// Llama-style: RoPE on both sides, causal. The causal band gives three KV loops per q
-// block: masked tiles, full tiles (no mask code), masked tiles.
+// Llama-style: RoPE on both sides, causal. The causal band gives two KV loops per q
+// block: full tiles (no mask code) from key 0, then the masked tiles of the diagonal
+// (no loop for masked tiles below the band: causal has no lower edge).
 
 // FUSED-LABEL: func.func @llama(
 // FUSED-SAME:      -> (tensor<?x4x?x64xf16>, tensor<?x4x?xf32>)
@@ -29,19 +30,17 @@
 // FUSED:         %pid_m = tile.program_id 0 : i32
 // FUSED:         %pid_bh = tile.program_id 1 : i32
 // FUSED:         %cos = tile.load
-// FUSED:         scf.for %start_n = %{{.*}} to %full_lo
+// FUSED:         scf.for %start_n = %{{.*}} to %full_hi
 // FUSED:           %cos{{.*}} = tile.load
-// FUSED:           tile.dot
-// FUSED:           %keep = tile.cmp le
-// FUSED:           math.exp2
-// FUSED:           scf.yield
-// FUSED:         scf.for %{{.*}} = %full_lo to %full_hi
 // FUSED-NOT:       %keep
 // FUSED:           tile.dot
+// FUSED:           math.exp2
 // FUSED:           scf.yield
 // FUSED:         scf.for %{{.*}} = %full_hi to
+// FUSED:           tile.dot
 // FUSED:           %keep{{.*}} = tile.cmp le
 // FUSED:           scf.yield
+// FUSED-NOT:     scf.for
 // FUSED:         tile.store %Out_base
 // FUSED:         tile.store %LSE_base
 // FUSED-NEXT:    tile.return
@@ -103,10 +102,10 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // FUSED:       tile.kernel @alibi_fwd(
 // FUSED-SAME:      %alibi_slopes0: !tile.ptr<f32>, %alibi_slopes0_stride0: i32
 // FUSED-NOT:     %keep
-// FUSED:         scf.for %start_n_1 = %full_lo to %full_hi
-// FUSED:         %K_all_1 = tile.load %K_base[%{{[0-9]+}}] : !tile.ptr<f16>
+// FUSED:         scf.for %start_n = %{{.*}} to %full_hi
+// FUSED:         %K_all = tile.load %K_base[%{{[0-9]+}}] : !tile.ptr<f16>
 // FUSED-NOT:     %keep
-// FUSED:         scf.for %start_n_2 = %full_hi to %Skv
+// FUSED:         scf.for %start_n_1 = %full_hi to %Skv
 // FUSED-NOT:     %keep
 // FUSED:         tile.return
 func.func @alibi(%q: tensor<?x4x?x64xf16>, %k: tensor<?x4x?x64xf16>, %v: tensor<?x4x?x64xf16>) -> tensor<?x4x?x64xf16> {

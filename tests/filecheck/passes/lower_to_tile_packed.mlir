@@ -70,7 +70,7 @@
 // HYBRID:         %K_base = tile.ptr_add %K,
 // HYBRID:         %V_base = tile.ptr_add %V,
 // HYBRID:         %diag = arith.subi %k_seq_len, %q_seq_len : i32
-// HYBRID:         scf.for %start_n = %{{.*}} to %full_lo
+// HYBRID:         scf.for %start_n = %{{.*}} to %full_hi
 // HYBRID:         %[[O0:.*]] = arith.extsi %q_seq_start : i32 to i64
 // HYBRID-NEXT:    %[[OS:.*]] = arith.extsi %Out_stride2 : i32 to i64
 // HYBRID:         %Out_base = tile.ptr_add %Out,

@@ -10,6 +10,11 @@
 // CHECK-NEXT:    %[[P:.*]] = arith.constant 8 : i32
 // CHECK-NEXT:    %kv_len = arith.muli %max_pages, %[[P]] : i32
 // CHECK-NEXT:    %num_pages = host.dim %kc[0] : tensor<?x2x8x32xf16>
+// A call of one wave whose splits hold at most 8 KV blocks takes the short kernel.
+// CHECK:         %few_blocks = arith.cmpi sle, %blocks_per_split, %{{.*}} : i32
+// CHECK-NEXT:    %short_split = arith.andi %short_tile, %few_blocks : i1
+// CHECK:         host.launch @paged_split_kv_short[%short_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK:         %small_split_grid = arith.select %small_tile, %after_short_grid, %{{.*}} : i32
 // CHECK:         host.launch @paged_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
 // CHECK-NEXT:    host.launch @paged_split_kv[%full_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
 // CHECK:         host.launch @paged_fwd[%grid_m_1, %grid_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages)
@@ -20,13 +25,25 @@
 // CHECK:         %kv_seq_len = tile.load %kv_lens[%{{.*}}] : !tile.ptr<i32>, i32 -> i32
 // CHECK:         %kv_len = arith.minsi %{{.*}}, %Skv : i32
 // CHECK:         %diag = arith.subi %kv_len, %Sq : i32
+// Full tiles: every key in range, no mask on the block-table load; the diagonal's
+// masked tiles mask it by the sequence's length.
 // CHECK:         %page_slot = arith.divsi %cols, %{{.*}} : tensor<16xi32>
-// CHECK:         %page = tile.load %block_table_base[%{{.*}}] mask %col_ok other %{{.*}} : !tile.ptr<i32>, tensor<16xi32> -> tensor<16xi32>
+// CHECK:         %page = tile.load %block_table_base[%{{.*}}] : !tile.ptr<i32>, tensor<16xi32> -> tensor<16xi32>
 // CHECK:         %page_in_pool = arith.minsi %{{.*}}, %{{.*}} : tensor<16xi32>
 // CHECK:         %page_row = arith.remsi %cols, %{{.*}} : tensor<16xi32>
 // CHECK:         %K_rows = arith.addi
 // CHECK:         %V_rows = arith.addi
-// Both split kernels (16-row and full-tile) read their sequence's keys the same way.
+// CHECK:         %col_ok = tile.cmp lt, %cols_1, %{{.*}} : tensor<16xi32> -> tensor<16xi1>
+// CHECK:         %page_1 = tile.load %block_table_base[%{{.*}}] mask %col_ok other %{{.*}} : !tile.ptr<i32>, tensor<16xi32> -> tensor<16xi32>
+// The split kernels (short, 16-row and full-tile) read their sequence's keys the same
+// way; the short one walks its split in one masked loop at three stages.
+// CHECK-LABEL: tile.kernel @paged_split_kv_short(
+// CHECK-SAME:    num_stages = 3
+// CHECK:         %kv_seq_len = tile.load %kv_lens
+// CHECK:         scf.for %start_n =
+// CHECK:           %col_ok = tile.cmp lt
+// CHECK:           %K_rows = arith.addi
+// CHECK-NOT:     scf.for %start_n
 // CHECK-LABEL: tile.kernel @paged_split_kv_small(
 // CHECK:         %kv_seq_len = tile.load %kv_lens
 // CHECK:         %K_rows = arith.addi

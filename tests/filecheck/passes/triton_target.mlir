@@ -15,11 +15,11 @@
 // CHECK:           pid_m = tl.program_id(0)
 // CHECK:           pid_bh = tl.program_id(1)
 // CHECK:           cos = tl.load(
-// CHECK:           for start_n in range({{.*}}, full_lo, 32):
+// CHECK:           for start_n in range({{.*}}, full_hi, 32):
 // CHECK:               tl.dot(
 // CHECK:               tl.exp2(
-// CHECK:           for start_n_1 in range(full_lo, full_hi, 32):
-// CHECK:           for start_n_2 in range(full_hi, {{.*}}, 32):
+// CHECK:           for start_n_1 in range(full_hi, {{.*}}, 32):
+// CHECK-NOT:       for start_n_2 in
 // CHECK:           tl.store(Out_base + {{.*}}, mask=
 // CHECK:           tl.store(LSE_base + {{.*}}, lse, mask=row_ok)
 
