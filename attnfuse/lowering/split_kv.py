@@ -260,14 +260,16 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
             # Calls whose packed rows fit the small tile and whose programs fit one wave
             # take it (latency-bound); the rest the full one, whose larger shared-memory
             # footprint fits two programs per SM in whole waves (run 30: the 16-row tile
-            # lost 10% at B = 64). A paged program's calls of one wave whose splits hold
-            # at most SHORT_SPLIT_BLOCKS blocks take the short kernel (one loop, the
-            # contiguous depth: run 35, call B).
+            # lost 10% at B = 64). A paged program's calls whose SMs each walk at most
+            # SHORT_SPLIT_BLOCKS blocks (waves x blocks per split) take the short kernel.
             fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
-            taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
             if short:
-                few = host.emit(arith.CmpiOp(blocks_per_split, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
-                taken = host.emit(arith.AndIOp(taken, few), "short_split")
+                waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
+                per_sm = host.emit(arith.MuliOp(waves, blocks_per_split), "blocks_per_sm")
+                few = host.emit(arith.CmpiOp(per_sm, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
+                taken = host.emit(arith.AndIOp(fits, few), "short_split")
+            else:
+                taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
             tier_grid = host.emit(arith.SelectOp(taken, grid, host.const(0)), f"{suffix}_split_grid")
             rest = "full_split_grid" if i == len(variants) - 2 else f"after_{suffix}_grid"
             grid = host.emit(arith.SelectOp(taken, host.const(0), grid), rest)
@@ -305,12 +307,14 @@ while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two 
 
 
 SHORT_SPLIT_BLOCKS = 8
-"""KV blocks per split up to which a paged program's calls of one wave take the short
-split kernel (one masked loop, three stages instead of five). On the H200 (Sq = 1,
-16-row tiles, one wave, from CUDA graphs) against the band's loops at five stages, with
-the same splits: 1 block per split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks
-29.05 -> 37.80, 32 blocks 52.93 -> 72.74 (run 35, call B); 2 blocks (B = 1, Skv = 1024,
-8 splits) 9.98 -> 7.94 (run 36, call E)."""
+"""KV blocks an SM walks (waves of split programs x blocks per split) up to which a
+paged program's calls take the short split kernel (one masked loop, three stages
+instead of five: no pipeline to fill). On the H200 (Sq = 1, 16-row tiles, CUDA graphs)
+against the band's loops at five stages with the same splits, one wave: 1 block per
+split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks 29.05 -> 37.80, 32 blocks
+52.93 -> 72.74 (run 35, call B); 2 blocks 9.98 -> 7.94 (run 36, call E); two waves
+(against the 64-row tile): 2 blocks 13.1 -> 11.1, 4 blocks 16.7 -> 15.1, 8 blocks 27.3
+-> 29.8 (run 36, call F)."""
 
 
 def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[SSAValue, SSAValue]:

@@ -10,9 +10,12 @@
 // CHECK-NEXT:    %[[P:.*]] = arith.constant 8 : i32
 // CHECK-NEXT:    %kv_len = arith.muli %max_pages, %[[P]] : i32
 // CHECK-NEXT:    %num_pages = host.dim %kc[0] : tensor<?x2x8x32xf16>
-// A call of one wave whose splits hold at most 8 KV blocks takes the short kernel.
-// CHECK:         %few_blocks = arith.cmpi sle, %blocks_per_split, %{{.*}} : i32
-// CHECK-NEXT:    %short_split = arith.andi %short_tile, %few_blocks : i1
+// A call whose SMs each walk at most 8 KV blocks (waves x blocks per split) takes the
+// short kernel.
+// CHECK:         %split_waves = arith.ceildivsi %split_programs, %sms : i32
+// CHECK-NEXT:    %blocks_per_sm = arith.muli %split_waves, %blocks_per_split : i32
+// CHECK:         %few_blocks = arith.cmpi sle, %blocks_per_sm, %{{.*}} : i32
+// CHECK-NEXT:    %short_split = arith.andi %fits_short_tile, %few_blocks : i1
 // CHECK:         host.launch @paged_split_kv_short[%short_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
 // CHECK:         %small_split_grid = arith.select %small_tile, %after_short_grid, %{{.*}} : i32
 // CHECK:         host.launch @paged_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)

@@ -43,9 +43,10 @@
 // LOWER:         %workspace_slots = arith.select %decoding, %slots_padded, %{{.*}} : i32
 // LOWER-NEXT:    %o_part = host.alloc %split_grid, %workspace_slots : tensor<?x?x128xf32>
 // LOWER-NEXT:    %lse_part = host.alloc %split_grid, %workspace_slots : tensor<?x?xf32>
-// LOWER:         %fits_small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
-// LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
+// LOWER:         %split_programs = arith.muli %split_grid, %split_bh : i32
 // LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
+// LOWER-NOT:     split_kv_short
+// LOWER:         %fits_small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
 // LOWER-NEXT:    %small_tile = arith.andi %fits_small_tile, %one_wave : i1
 // LOWER:         %small_split_grid = arith.select %small_tile, %split_grid, %{{.*}} : i32
 // LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %split_grid : i32
