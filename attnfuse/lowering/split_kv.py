@@ -324,9 +324,11 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[
     least `min_blocks` KV blocks; or, where that is more, two programs per SM (the split
     kernel's shared memory is sized for two) with every split at least
     `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
-    they lose to the combine); always at least 1 and at
-    most the KV blocks visited, and rounded so that no split is empty. Returns (splits,
-    KV blocks per split)."""
+    they lose to the combine); or, where that is more, one program per SM with at least
+    one block each (`min_blocks` never leaves SMs idle: a paged B = 1, Skv = 1024 call
+    took 6.8 us in 16 splits of one block against 7.9 in 8 of two, run 36 call G);
+    always at least 1 and at most the KV blocks visited, and rounded so that no split
+    is empty. Returns (splits, KV blocks per split)."""
     blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
                                      host.const(1)), "kv_blocks")
     if plan.is_auto():
@@ -340,8 +342,10 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[
         by_two_per_sm = host.emit(arith.DivSIOp(two_per_sm, programs), "splits_two_per_sm")
         long_splits = host.emit(arith.DivSIOp(blocks, host.const(LONG_SPLIT_BLOCKS)), "splits_long")
         two_waves = host.emit(arith.MinSIOp(by_two_per_sm, long_splits), "splits_two_waves")
-        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), host.const(1)),
-                           "splits_wanted")
+        by_one_per_sm = host.emit(arith.DivSIOp(host.sm_count(), programs), "splits_one_per_sm")
+        fill = host.emit(arith.MinSIOp(by_one_per_sm, blocks), "splits_fill")
+        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), fill), "splits_most")
+        wanted = host.emit(arith.MaxSIOp(wanted, host.const(1)), "splits_wanted")
     else:
         wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
     per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")

@@ -60,8 +60,8 @@ class SplitKVPass(ModulePass):
     """`auto` aims at this many programs per SM; 0: 1 on a contiguous cache, 2 on a paged
     one (its per-tile block-table load wants more programs to hide behind)."""
     min_blocks: int = 0
-    """`auto` gives each split at least this many KV blocks; 0: 1 on a contiguous cache,
-    2 on a paged one."""
+    """`auto` gives each split at least this many KV blocks where that keeps every SM
+    busy (it never leaves SMs idle); 0: 1 on a contiguous cache, 2 on a paged one."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()

@@ -28,10 +28,11 @@ BLOCK = 16
 LENS = (5, 37, 70)
 
 
-def pipeline(split: bool = True, strategy: str = "fused", min_blocks: int = 0) -> str:
+def pipeline(split: bool = True, strategy: str = "fused", splits: int = 0) -> str:
     return (f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
             f"mask-tiling{{block-m={BLOCK} block-n={BLOCK}}},"
-            + (f"split-kv{{block-n={BLOCK} min-blocks={min_blocks}}}," if split else "") + "lower-backward,lower-to-tile")
+            + (f"split-kv{{block-n={BLOCK}{f' splits={splits}' if splits else ''}}}," if split else "")
+            + "lower-backward,lower-to-tile")
 
 
 _COMPILED: dict[tuple[str, str], attnfuse.api.AttentionFunction] = {}
@@ -44,25 +45,25 @@ def compiled(text: str, pipe: str) -> attnfuse.api.AttentionFunction:
 
 
 def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtype: torch.dtype = torch.float16,
-          seed: int = 0, strategy: str = "fused", split: bool = True, min_blocks: int = 0) -> torch.Tensor:
+          seed: int = 0, strategy: str = "fused", split: bool = True, splits: int = 0) -> torch.Tensor:
     """Run the program on fresh inputs; the kernel that served the call, and the error
     bound. Split-KV serves calls whose `Sq * group` rows fit its tile, else the forward
     kernel. Among the split kernels, the short one takes calls whose rows fit 16 (or the
-    one tile) with at most 8 KV blocks per split: every call of these small caches at
-    the default `min-blocks`, none at `min_blocks` > 8 with more than 8 blocks."""
+    one tile) with at most 8 KV blocks per split: every call of these small caches with
+    `auto` splits; `splits` > 0 fixes the count (the caller makes the splits long)."""
     args = inputs(program, lens, q_len, seed=seed, dtype=dtype)
-    fn = compiled(program.text, pipeline(split, strategy, min_blocks))
+    fn = compiled(program.text, pipeline(split, strategy, splits))
     result = fn(*args)
     out = result[0] if isinstance(result, tuple) else result
     ran = launches(fn, args)
     group = program.heads // args[1].shape[1]
     rows = default_rows(analyze(next(iter(reference.parse_program(program.text).ops))))  # type: ignore[arg-type]
-    splits = split and q_len * group <= rows
+    splitting = split and q_len * group <= rows
     short_rows = SMALL_ROWS if group <= SMALL_ROWS else rows
-    short = splits and q_len * group <= short_rows and min_blocks <= SHORT_SPLIT_BLOCKS
-    small = splits and not short and group <= SMALL_ROWS < rows and q_len * group <= SMALL_ROWS
+    short = splitting and q_len * group <= short_rows and not splits
+    small = splitting and not short and group <= SMALL_ROWS < rows and q_len * group <= SMALL_ROWS
     tiers = ("f_split_kv" in ran, "f_split_kv_small" in ran, "f_split_kv_short" in ran)
-    assert tiers == (splits and not small and not short, small, short), ran
+    assert tiers == (splitting and not small and not short, small, short), ran
     want = reference.run(program.text, *args)
     want = want[0] if isinstance(want, tuple) else want
     assert out.dtype == dtype and not torch.isnan(out).any()
@@ -135,10 +136,14 @@ def test_building_block(block: str, q_len: int) -> None:
 @pytest.mark.parametrize("block", ["causal", "alibi_slopes", "rope_q", "custom_mask"])
 @pytest.mark.parametrize("q_len", [1, 4, 16])
 def test_long_splits_take_the_band_loops(block: str, q_len: int) -> None:
-    """Splits of more than SHORT_SPLIT_BLOCKS blocks (min-blocks 9, caches of up to 260
-    keys) run the 16-row or the full split kernel (the band's loops, five stages). (A
-    sliding window would keep the splits short: it visits the keys it reaches only.)"""
-    check(BLOCKS[block](), q_len, (150, 37, 259), seed=q_len, min_blocks=SHORT_SPLIT_BLOCKS + 1)
+    """Splits of more than SHORT_SPLIT_BLOCKS blocks (two splits of a block table of 272
+    keys: 9 blocks of 16 each) run the 16-row or the full split kernel (the band's
+    loops, five stages). (A sliding window would keep the splits short: it visits the
+    keys it reaches only.)"""
+    lens, program = (150, 37, 259), BLOCKS[block]()
+    capacity = (-(-max(lens) // program.page_size) + 1) * program.page_size  # inputs(): one spare column
+    assert -(-capacity // BLOCK // 2) > SHORT_SPLIT_BLOCKS
+    check(program, q_len, lens, seed=q_len, splits=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -36,7 +36,10 @@
 // LOWER-NEXT:    %splits_two_per_sm = arith.divsi %two_per_sm, %programs : i32
 // LOWER:         %splits_long = arith.divsi %kv_blocks, %{{.*}} : i32
 // LOWER-NEXT:    %splits_two_waves = arith.minsi %splits_two_per_sm, %splits_long : i32
-// LOWER-NEXT:    %{{.*}} = arith.maxsi %splits_one_wave, %splits_two_waves : i32
+// LOWER-NEXT:    %splits_one_per_sm = arith.divsi %sms, %programs : i32
+// LOWER-NEXT:    %splits_fill = arith.minsi %splits_one_per_sm, %kv_blocks : i32
+// LOWER-NEXT:    %[[M:.*]] = arith.maxsi %splits_one_wave, %splits_two_waves : i32
+// LOWER-NEXT:    %splits_most = arith.maxsi %[[M]], %splits_fill : i32
 // LOWER:         %blocks_per_split = arith.ceildivsi %kv_blocks, %splits_wanted : i32
 // LOWER-NEXT:    %splits = arith.ceildivsi %kv_blocks, %blocks_per_split : i32
 // LOWER:         %split_grid = arith.select %decoding, %splits, %{{.*}} : i32
