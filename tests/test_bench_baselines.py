@@ -95,7 +95,7 @@ def test_decode_bench_paged_rows(page: int) -> None:
     assert float((reference.run(text, q, *cache) - want).abs().max()) < 1e-12
     fn = attnfuse.compile(text)
     assert float((fn(q, *cache).double() - want).abs().max()) < 1e-4
-    assert "paged_split_kv_small" in launched(fn, [q, *cache])  # Sq = 1: 4 packed rows
+    assert "paged_split_kv_short" in launched(fn, [q, *cache])  # Sq = 1: 4 packed rows, one-block splits
 
 
 def test_flex_baseline_packed_cross() -> None:
