@@ -9,11 +9,15 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
   writes a partial output (fp32, normalised) and its base-2 log-sum-exp to a workspace.
   Split 0 starts its state from the sink logits, so the sinks count once. With one split
   the program writes `out` and `lse` itself.
+  Beside it, `@f_split_kv_small` with 16-row tiles (calls whose packed rows fit them and
+  whose programs fit one wave) and, for a paged cache, `@f_split_kv_short`: the smaller
+  tile, one masked loop over the split's keys, the contiguous pipeline depth (calls
+  whose SMs each walk few blocks, `SHORT_SPLIT_BLOCKS`).
 * `@f_split_kv_combine`, grid `[Sq, B * Hq, 1]`: merges the partial results of one query
   row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
 * Host code: the split count (`auto`: about `waves` programs per SM, at least
-  `min_blocks` KV blocks per split; computed from `host.sm_count` once per launch plan)
-  and the choice of path: calls whose `Sq * G` rows fit one tile run the split kernel
+  `min_blocks` KV blocks per split unless that leaves SMs idle; computed from
+  `host.sm_count` once per launch plan), the split kernel, and the choice of path: calls whose `Sq * G` rows fit one tile run the split kernel
   (and the combine when there is more than one split); other calls run the usual forward
   kernel. A zero grid launches nothing.
 
