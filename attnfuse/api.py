@@ -33,7 +33,7 @@ from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 
 from attnfuse.analysis.packing import packed_batch
-from attnfuse.analysis.paging import paged_cache
+from attnfuse.analysis.paging import cache_lengths, paged_cache
 from attnfuse.backends.gluon.emitter import emit_gluon
 from attnfuse.backends.gluon.metadata import gluon_kernel_metadata
 from attnfuse.backends.triton.emitter import emit_module, kernel_metadata
@@ -165,11 +165,13 @@ class AttentionFunction:
         ]
         packing = packed_batch(analyzed)
         paging = paged_cache(analyzed)
+        lengths = cache_lengths(analyzed)
         self._checker = ArgumentChecker(
             self.name, self.parameters, symbolic_shapes(analyzed), shared_length_operand(analyzed),
             (analyzed.q.arg_index, analyzed.k.arg_index, analyzed.v_arg),
             packing.arguments(analyzed) if packing is not None else (),
             paging.arguments(analyzed) if paging is not None else None,
+            analyzed.arg(lengths) if lengths is not None else None,
         )
         self.returns_lse = len(function.function_type.outputs.data) == 2
         self.attn_ir = str(module)
@@ -236,16 +238,18 @@ class AttentionFunction:
     @property
     def check_page_values(self) -> bool:
         """Whether every call of a paged program checks its block table and kv_lens
-        values (lengths within the block table, pages within the pool): a copy to the
-        host, so a synchronisation and no CUDA-graph capture. Off by default; shapes
+        values (lengths within the block table, pages within the pool; for a contiguous
+        cache with lengths, lengths within its capacity): a copy to the host, so a
+        synchronisation and no CUDA-graph capture. Off by default; shapes
         and dtypes are always checked. Shared by the live compilations of one program
         (they share their runner)."""
         return self._runner.checker.check_pages
 
     @check_page_values.setter
     def check_page_values(self, on: bool) -> None:
-        if on and self._runner.checker.pages is None:
-            raise ValueError(f"@{self.name} reads no paged KV cache (attn.scores has no block_table)")
+        checker = self._runner.checker
+        if on and checker.pages is None and checker.lengths is None:
+            raise ValueError(f"@{self.name} reads no KV cache through kv_lens (attn.scores has no kv_lens)")
         self._runner.checker.check_pages = on
 
     @property

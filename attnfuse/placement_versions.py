@@ -21,7 +21,7 @@ and the backward follow.
 
 Programs whose placement is not the model's to choose keep theirs: a pipeline without
 `rope-fusion{strategy=auto}`, a program with no unpinned RoPE or QK-norm, packed
-(cu_seqlens) and paged programs, and calls with Sq != Skv (the model has one S).
+(cu_seqlens), programs reading a KV cache through kv_lens, and calls with Sq != Skv (the model has one S).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class PlacementVersions:
         if rope is None or rope.strategy != "auto":
             return None
         unpinned = [t for t in program.q.transforms + program.k.transforms if t.str_option("placement") == "auto"]
-        if not unpinned or program.scores.cu_seqlens_q is not None or program.scores.block_table is not None:
+        if not unpinned or program.scores.cu_seqlens_q is not None or program.scores.kv_lens is not None:
             return None
         return rope
 

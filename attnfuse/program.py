@@ -225,7 +225,7 @@ def symbolic_shapes(program: AttentionProgram) -> dict[int, tuple[str | int, ...
         pool = paged and index != program.q.arg_index  # [pages, heads, page_size, head_dim]
         shapes[index] = resolve(shape, ("pages" if pool else "B", shape[1], seq, shape[3]))
     for table, symbols in ((scores.block_table, ("B", "max_pages")), (scores.kv_lens, ("B",))):
-        if paged and isinstance(table, BlockArgument):
+        if isinstance(table, BlockArgument):
             shapes[table.index] = symbols
     head_dim = dims(fn_args[program.q.arg_index])[3]
     heads = dims(fn_args[program.q.arg_index])[1]

@@ -13,8 +13,10 @@ and `enable_gqa=True`; `vs_sdpa` compares with the faster of the two (no mask fo
 Sq = 1). With `--page-size P` (default 16; 0 skips them) each row also times the same
 attention on a paged KV cache (`PAGED_PROGRAM`: the same K/V scattered over shuffled
 pages of a pool, read through a block table; docs/inference.md) and reports
-`paged_vs_contiguous` (contiguous ms / paged ms; the target is >= 0.95). JSON and a
-markdown table under --out:
+`paged_vs_contiguous` (contiguous ms / paged ms; the target is >= 0.95), and the same
+attention on the contiguous K/V with per-sequence lengths (`LENS_PROGRAM`, `kv_lens` =
+Skv: what a preallocated serving cache costs over plain contiguous K/V,
+`lens_vs_contiguous`). JSON and a markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
                            [--pipeline P] [--no-baseline-pipeline] [--page-size 16] [--graphs] [--no-flex]
@@ -65,6 +67,18 @@ func.func @paged(%q: tensor<?x32x?x128xbf16>, %k_cache: tensor<?x8x${page}x128xb
 }
 """
 """`PROGRAM` on a paged KV cache; `${page}` is the page size (`attnfuse.compile(..., params=...)`)."""
+
+LENS_PROGRAM = """
+func.func @lens(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>,
+                %kv_lens: tensor<?xi32>) -> tensor<?x32x?x128xbf16> {
+  %s = attn.scores %q, %k kv_lens %kv_lens : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x32x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x32x?x?xf32> -> !attn.probs<?x32x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x32x?x?xf32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+"""
+"""`PROGRAM` on a contiguous cache with per-sequence lengths (`kv_lens`, no block table)."""
 
 
 def page_cache(k: torch.Tensor, v: torch.Tensor, page: int,
@@ -147,6 +161,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
+    with_lens = attnfuse.compile(LENS_PROGRAM, pipeline=pipeline)
     program = analyze(find_functions(reference.parse_program(PROGRAM))[0])
     rows: list[dict[str, Any]] = []
     for b in batches:
@@ -169,6 +184,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if paged is not None:
                         cache = page_cache(k, v, page_size, gen)
                         impls["attnfuse_paged"] = lambda: paged(q, *cache)
+                    lens = torch.full((b,), skv, dtype=torch.int32, device="cuda")
+                    impls["attnfuse_lens"] = lambda: with_lens(q, k, v, lens)
                     if sq > 1:
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
@@ -216,8 +233,9 @@ def _ratios(row: dict[str, Any], ms: str, prefix: str) -> None:
     for other, impl in (("sdpa", "sdpa_best"), ("flex", "flex"), ("no_split", "attnfuse_no_split")):
         if f"{impl}_{ms}" in row:
             row[f"{prefix}vs_{other}"] = row[f"{impl}_{ms}"] / ours
-    if f"attnfuse_paged_{ms}" in row:
-        row[f"{prefix}paged_vs_contiguous"] = ours / row[f"attnfuse_paged_{ms}"]
+    for form in ("paged", "lens"):
+        if f"attnfuse_{form}_{ms}" in row:
+            row[f"{prefix}{form}_vs_contiguous"] = ours / row[f"attnfuse_{form}_{ms}"]
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -238,12 +256,15 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
     if not any("attnfuse_graph_ms" in r for r in rows):
         return []
     lines = ["CUDA-graph replay, ms per call:", "",
-             "| B | Skv | Sq | AttnFuse | paged | SDPA (best) | flex | vs SDPA | vs flex | paged vs contiguous |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| B | Skv | Sq | AttnFuse | paged | with lengths | SDPA (best) | flex | vs SDPA | vs flex "
+             "| paged vs contiguous | lengths vs contiguous |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cell = [f"{r[k]:.4f}" if k in r else "err" for k in
-                ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "sdpa_best_graph_ms", "flex_graph_ms")]
-        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous")]
+                ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "attnfuse_lens_graph_ms", "sdpa_best_graph_ms",
+                 "flex_graph_ms")]
+        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous",
+                                                          "graph_lens_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     return [*lines, "", "Eager calls (do_bench), ms per call:", ""]
 

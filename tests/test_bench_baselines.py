@@ -98,6 +98,21 @@ def test_decode_bench_paged_rows(page: int) -> None:
     assert "paged_split_kv_short" in launched(fn, [q, *cache])  # Sq = 1: 4 packed rows, one-block splits
 
 
+def test_decode_bench_lens_rows() -> None:
+    """bench/decode.py's rows with lengths: the contiguous program with `kv_lens` = Skv
+    gives the contiguous program's attention."""
+    import attnfuse
+    from decode import LENS_PROGRAM, PROGRAM
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 32, 1, 128, generator=g)
+    k, v = (torch.randn(2, 8, 37, 128, generator=g) for _ in range(2))
+    lens = torch.full((2,), 37, dtype=torch.int32)
+    want = reference.run(with_dtype(PROGRAM, "f32"), q, k, v)
+    fn = attnfuse.compile(with_dtype(LENS_PROGRAM, "f32"))
+    assert float((fn(q, k, v, lens).double() - want).abs().max()) < 1e-4
+
+
 def test_flex_baseline_packed_cross() -> None:
     """A packed batch with more keys than queries per sequence: flex's document masking
     with positions within each sequence, bottom-right bands and ALiBi distances."""

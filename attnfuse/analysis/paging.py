@@ -12,7 +12,14 @@ with `kv_lens[b]`). Lowering (`mask-tiling`, `split-kv`, `lower-to-tile`,
 ```
 pages with `PagedCache(block_table=%bt, kv_lens=%lens, page_size=16)`.
 
-What a paged program cannot hold is rejected with a `ProgramError` at the op:
+An `attn.scores` with `kv_lens` alone reads a contiguous cache `[B, Hkv, capacity, D]`
+of which sequence `b` holds its first `kv_lens[b]` keys (`cache_lengths`): a serving
+loop's cache allocated once at its final size, so every decode step has the same shapes
+(one launch plan, CUDA-graph capturable), as `flash_attn_with_kvcache`'s
+`cache_seqlens`.
+
+What a paged program, or one with a contiguous cache and lengths, cannot hold is
+rejected with a `ProgramError` at the op:
 
 * K transforms (`attn.rope`, `attn.qk_norm` on K): they would rotate the whole cache on
   every call; the cache holds keys as the model attends to them, rotated when appended
@@ -36,6 +43,9 @@ from attnfuse.program import AttentionProgram, ProgramError
 
 NO_BACKWARD = "a paged KV cache (block_table) is for inference: lower-backward builds no backward for it"
 """Why a paged program has no gradient (`attnfuse.no_backward`)."""
+
+NO_BACKWARD_LENS = "a KV cache with kv_lens is for inference: lower-backward builds no backward for it"
+"""Why a program with a contiguous cache and lengths has no gradient."""
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,35 @@ def paged_cache(program: AttentionProgram) -> PagedCache | None:
                                "(one block table pages both)", user)
     except VerifyException as err:
         raise ProgramError(str(err), user) from None
-    if program.k.transforms:
-        op = program.k.transforms[0]
-        raise ProgramError(
-            f"{op.name} on K of a paged KV cache would transform the whole cache on every call: "
-            "store keys transformed (attnfuse.inference.append_paged_kv rotates them)", op)
-    reject_padded_batch_ops(program, "with a paged KV cache", dropout_note=" (inference)")
+    _reject_cache_misfits(program, "a paged KV cache")
     return paged
 
 
-__all__ = ["NO_BACKWARD", "PagedCache", "paged_cache"]
+def cache_lengths(program: AttentionProgram) -> SSAValue | None:
+    """`kv_lens` of a program that reads a contiguous cache with lengths (no block
+    table), or None; a `ProgramError` for what it cannot hold (as a paged program)."""
+    scores = program.scores
+    if scores.kv_lens is None or scores.block_table is not None:
+        return None
+    program.arg(scores.kv_lens)  # a function argument
+    _reject_cache_misfits(program, "a KV cache with kv_lens")
+    return scores.kv_lens
+
+
+def no_backward(program: AttentionProgram) -> str | None:
+    """Why `program` has no backward (a KV cache read through `kv_lens`), or None."""
+    if paged_cache(program) is not None:
+        return NO_BACKWARD
+    return NO_BACKWARD_LENS if cache_lengths(program) is not None else None
+
+
+def _reject_cache_misfits(program: AttentionProgram, what: str) -> None:
+    if program.k.transforms:
+        op = program.k.transforms[0]
+        raise ProgramError(
+            f"{op.name} on K of {what} would transform the whole cache on every call: "
+            "store keys transformed (attnfuse.inference.append_paged_kv rotates them)", op)
+    reject_padded_batch_ops(program, f"with {what}", dropout_note=" (inference)")
+
+
+__all__ = ["NO_BACKWARD", "NO_BACKWARD_LENS", "PagedCache", "cache_lengths", "no_backward", "paged_cache"]

@@ -14,7 +14,6 @@ from xdsl.dialects.builtin import TensorType, f32
 
 from attnfuse.analysis.masks import effective_masks, plan_masks
 from attnfuse.analysis.packing import packed_batch
-from attnfuse.analysis.paging import paged_cache
 from attnfuse.dialects.attn import QKNormOp, RopeOp, TilePlanAttr
 from attnfuse.dialects.tile_compute import DotOp
 from attnfuse.program import AttentionProgram
@@ -111,8 +110,8 @@ def tile_plan(
     for f32 dots of precision `f32_dot`).
 
     A packed batch has no runtime block map: its kernels never leave a sequence, and a
-    data-dependent mask is evaluated on every tile of it; nor has a paged KV cache (the
-    map kernel would read K contiguously)."""
+    data-dependent mask is evaluated on every tile of it; nor has a KV cache read through
+    `kv_lens` (the map kernel would read K contiguously, and not per sequence)."""
     plan = plan_masks(effective_masks(program.score_ops))
     band = plan.band
     default_m, default_n = default_block_sizes(program, f32_dot=f32_dot)
@@ -124,7 +123,7 @@ def tile_plan(
         align="top_left" if band is None else band.align,
         exact=plan.exact,
         prefix=plan.prefix,
-        runtime_block_map=plan.runtime_map and packed_batch(program) is None and paged_cache(program) is None,
+        runtime_block_map=plan.runtime_map and packed_batch(program) is None and program.scores.kv_lens is None,
     )
 
 
@@ -164,6 +163,6 @@ def forward_stores_q(program: AttentionProgram) -> bool:
     """Whether the forward kernels (the split-KV kernel of decoding calls too) can store
     Q as their in-kernel transforms leave it, for the backward to read
     (`attnfuse.saved`): not the rows of a packed batch, which they address through its
-    schedule, nor with a paged cache (no backward)."""
-    return packed_batch(program) is None and paged_cache(program) is None
+    schedule, nor with a KV cache read through `kv_lens` (no backward)."""
+    return packed_batch(program) is None and program.scores.kv_lens is None
 

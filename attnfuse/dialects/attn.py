@@ -45,7 +45,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.attn_online import OnlineSoftmaxOp, TilePlanAttr
-from attnfuse.dialects.attn_paged import verify_paged_operands
+from attnfuse.dialects.attn_paged import verify_cache_lengths, verify_paged_operands
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.attn_syntax import AttnSyntaxOp, check_same_type
 from attnfuse.dialects.attn_types import (
@@ -77,12 +77,15 @@ class ScoresOp(AttnSyntaxOp):
 
     With `block_table` and `kv_lens` K (and V) are *paged*: page pools
     `[?, Hkv, page_size, D]`, and sequence `b` has `kv_lens[b]` keys, key `j` in page
-    `block_table[b, j / page_size]` (`attnfuse.dialects.attn_paged`).
+    `block_table[b, j / page_size]` (`attnfuse.dialects.attn_paged`). With `kv_lens`
+    alone K and V are a contiguous cache `[B, Hkv, capacity, D]` of which sequence `b`
+    holds its first `kv_lens[b]` keys.
 
     ```mlir
     %s = attn.scores %q, %k {scale = 0.0625} : tensor<?x16x?x256xbf16>, tensor<?x8x?x256xbf16> -> !attn.scores<?x16x?x?xf32>
     %p = attn.scores %q1, %k1 cu_seqlens_q %cq cu_seqlens_k %ck : tensor<1x32x?x128xbf16>, tensor<1x8x?x128xbf16>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
     %c = attn.scores %q2, %pool block_table %bt kv_lens %lens : tensor<?x32x?x128xbf16>, tensor<?x8x16x128xbf16>, tensor<?x?xi32>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
+    %d = attn.scores %q3, %cache kv_lens %lens : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
     ```
     """
 
@@ -121,7 +124,7 @@ class ScoresOp(AttnSyntaxOp):
             raise VerifyException(
                 f"attn.scores: query heads ({hq}) must be a multiple of key heads ({hk})"
             )
-        paged = self.block_table is not None or self.kv_lens is not None
+        paged = self.block_table is not None
         if not paged and not dims_compatible(bq, bk):
             raise VerifyException(f"attn.scores: batch dims differ ({bq} vs {bk})")
         assert isinstance(self.output.type, ScoresType)
@@ -131,14 +134,16 @@ class ScoresOp(AttnSyntaxOp):
                 raise VerifyException(f"attn.scores: result {what} dim {got} != {want}")
         if self.option("scale") is not None and self.float_option("scale") <= 0:
             raise VerifyException("attn.scores: scale must be positive")
-        if paged:
-            if self.block_table is None or self.kv_lens is None:
-                raise VerifyException("attn.scores: a paged KV cache needs both block_table and kv_lens")
-            if self.cu_seqlens_q is not None or self.cu_seqlens_k is not None:
-                raise VerifyException("attn.scores: a paged KV cache (block_table) and a packed batch "
-                                      "(cu_seqlens) do not combine")
+        if self.kv_lens is not None and (self.cu_seqlens_q is not None or self.cu_seqlens_k is not None):
+            what = "a paged KV cache (block_table)" if paged else "a KV cache with kv_lens"
+            raise VerifyException(f"attn.scores: {what} and a packed batch (cu_seqlens) do not combine")
+        if self.block_table is not None:
+            if self.kv_lens is None:
+                raise VerifyException("attn.scores: a paged KV cache (block_table) needs kv_lens")
             verify_paged_operands(self.q.type, self.k.type, self.block_table.type, self.kv_lens.type,
                                   self.output.type.dims[3])
+        elif self.kv_lens is not None:
+            verify_cache_lengths(self.q.type, self.kv_lens.type)
         if (self.cu_seqlens_q is None) != (self.cu_seqlens_k is None):
             raise VerifyException("attn.scores: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
         if self.cu_seqlens_q is not None and self.cu_seqlens_k is not None:

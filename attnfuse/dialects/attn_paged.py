@@ -11,7 +11,15 @@ a block table and per-sequence key counts:
 ```
 
 Sequence `b` has `kv_lens[b]` keys; key `j` is row `j % page_size` of page
-`block_table[b, j / page_size]`. The page size is K's static dim 2; the page count is
+`block_table[b, j / page_size]`. Without a block table, `kv_lens` says how many keys of
+a contiguous cache `[B, Hkv, capacity, D]` each sequence holds (its first ones):
+
+```mlir
+%s = attn.scores %q, %kc kv_lens %lens
+       : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16>, tensor<?xi32> -> !attn.scores<?x32x?x?xf32>
+```
+
+The page size is a page pool's static dim 2; the page count is
 dynamic (a pool grows with the serving engine's memory). The V pool is checked against
 K's by the program analysis (`attnfuse.analysis.paging`): `attn.weighted_sum` reads it.
 """
@@ -66,4 +74,13 @@ def verify_paged_operands(q: Attribute, k: Attribute, block_table: Attribute, kv
         raise VerifyException("attn.scores: paged scores have a dynamic kv_len dim (kv_lens[b] keys per sequence)")
 
 
-__all__ = ["verify_page_pool", "verify_paged_operands"]
+def verify_cache_lengths(q: Attribute, kv_lens: Attribute) -> None:
+    """The check of `kv_lens` on a contiguous cache: int32, one entry per sequence of q."""
+    assert isinstance(q, TensorType)
+    lens = _i32_tensor(kv_lens, "attn.scores kv_lens", "[batch]", 1)
+    if not dims_compatible(lens[0], q.get_shape()[0]):
+        raise VerifyException(f"attn.scores: kv_lens {format_dims(lens)} has one entry per sequence of q "
+                              f"(batch {format_dims((q.get_shape()[0],))})")
+
+
+__all__ = ["verify_cache_lengths", "verify_page_pool", "verify_paged_operands"]

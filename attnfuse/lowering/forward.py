@@ -22,7 +22,7 @@ from xdsl.ir import SSAValue
 from attnfuse.dialects.attn import MaskOp, OnlineSoftmaxOp, QKNormOp, RopeOp
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder, Value
-from attnfuse.lowering.paged import PagedKV, PageView
+from attnfuse.lowering.paged import PagedKV, PageView, sequence_length
 from attnfuse.lowering.qk_side import SideContext, SideTransforms, load_parts, padded, side_layout, store_parts
 from attnfuse.lowering.score_chain import ScoreChain, TileCoords, len_of
 from attnfuse.lowering.signature import KernelSignature, TensorArg
@@ -90,6 +90,8 @@ class ForwardSpec:
     """A packed batch: programs walk the slots of this schedule (grid axis 0)."""
     paged: PagedKV | None = None
     """A paged KV cache: K/V tiles are gathered through its block table (`paged.py`)."""
+    kv_lens: SSAValue | None = None
+    """A contiguous cache with lengths: sequence `b` holds its first `kv_lens[b]` keys."""
     q_saved: tuple[SSAValue, SSAValue] | None = None
     """(buffer, i32 flag): where the kernel also stores Q as its in-kernel transforms
     leave it (in Q's dtype), for the backward (`attnfuse.saved`), when the flag
@@ -163,6 +165,7 @@ class ForwardKernel:
         self.kv_len_arg = sig.scalar("Skv", spec.kv_len)
         self.view = SequenceView(sig, spec.packed) if spec.packed is not None else None
         self.pages = PageView(sig, spec.paged, self.k_arg, self.v_arg) if spec.paged is not None else None
+        self.lens_arg = sig.tensor("kv_lens", spec.kv_lens) if spec.kv_lens is not None else None
 
     # ------------------------------------------------------------------ build
 
@@ -252,8 +255,13 @@ class ForwardKernel:
         return pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok
 
     def _kv_length(self, batch: SSAValue, kv_len: SSAValue) -> SSAValue:
-        """The keys of sequence `batch`: `kv_len`, or its `kv_lens` entry in a paged cache."""
-        return kv_len if self.pages is None else self.pages.enter(self.b, batch, kv_len)
+        """The keys of sequence `batch`: `kv_len`, or its `kv_lens` entry (a paged cache,
+        or a contiguous one with lengths; at most `kv_len`, the cache's capacity)."""
+        if self.pages is not None:
+            return self.pages.enter(self.b, batch, kv_len)
+        if self.lens_arg is not None:
+            return sequence_length(self.b, self.lens_arg, batch, kv_len)
+        return kv_len
 
     def _kv_bases(self, batch: SSAValue, kv_head: SSAValue, v_head: SSAValue) -> None:
         """Where K and V tiles are read from: the (batch, head) slices, or the heads of

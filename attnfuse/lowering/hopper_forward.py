@@ -80,6 +80,8 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
         return "a packed batch (cu_seqlens): TMA tiles would cross sequences"
     if spec.paged is not None:
         return "a paged KV cache: K/V rows are gathered through the block table, not TMA tiles"
+    if spec.kv_lens is not None:
+        return "a KV cache with kv_lens: the kernel walks every sequence to its full capacity"
     if not isinstance(dtype, (BFloat16Type, Float16Type)) or k_type.element_type != dtype or v_type.element_type != dtype:
         return "inputs are not all bf16 or all f16"
     head_dim, v_dim = q_type.get_shape()[3], v_type.get_shape()[3]

@@ -59,10 +59,9 @@ class PageView:
     def enter(self, b: TileBuilder, batch: SSAValue, capacity: SSAValue) -> SSAValue:
         """The key count of sequence `batch`, clamped to `[0, capacity]` (`capacity`:
         the host's `max_pages * page_size`, the keys a block table row holds)."""
-        assert self.table.ptr is not None and self.lens.ptr is not None
+        assert self.table.ptr is not None
         self.table_row = self.table.base(b, batch)
-        length = b.load(self.lens.ptr, b.mul(batch, self.lens.strides[0]), name="kv_seq_len")
-        return b.minimum(b.maximum(length, 0), capacity, name="kv_len")
+        return sequence_length(b, self.lens, batch, capacity)
 
     def pool_base(self, b: TileBuilder, arg: TensorArg, head: SSAValue) -> SSAValue:
         """`arg`'s pointer at head `head` of page 0."""
@@ -103,4 +102,12 @@ class PageView:
         return k_rows, v_rows
 
 
-__all__ = ["PageView", "PagedKV"]
+def sequence_length(b: TileBuilder, lens: TensorArg, batch: SSAValue, capacity: SSAValue) -> SSAValue:
+    """`kv_lens[batch]` clamped to `[0, capacity]`: the keys of sequence `batch` in a
+    cache of `capacity` keys per sequence (paged, or contiguous with lengths)."""
+    assert lens.ptr is not None
+    length = b.load(lens.ptr, b.mul(batch, lens.strides[0]), name="kv_seq_len")
+    return b.minimum(b.maximum(length, 0), capacity, name="kv_len")
+
+
+__all__ = ["PageView", "PagedKV", "sequence_length"]

@@ -34,7 +34,7 @@ from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, 
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis.paging import NO_BACKWARD, paged_cache
+from attnfuse.analysis.paging import no_backward
 from attnfuse.analysis.tile_plan import backward_block_sizes, resolve_f32_dot
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.lowering.backward import DkvOptions
@@ -131,9 +131,10 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            if paged_cache(program) is not None:
-                # Inference only; asking a paged program for a gradient reports this.
-                function.attributes["attnfuse.no_backward"] = StringAttr(NO_BACKWARD)
+            reason = no_backward(program)
+            if reason is not None:
+                # Inference only; asking such a program for a gradient reports this.
+                function.attributes["attnfuse.no_backward"] = StringAttr(reason)
                 continue
             default_m, default_n = backward_block_sizes(program)
             block_m, block_n = self.block_m or default_m, self.block_n or default_n

@@ -50,7 +50,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.analysis.masks import effective_masks
 from attnfuse.analysis.packing import packed_batch
-from attnfuse.analysis.paging import paged_cache
+from attnfuse.analysis.paging import cache_lengths, paged_cache
 from attnfuse.analysis.rope import rope_inverse_frequencies
 from attnfuse.analysis.tile_plan import (
     default_num_warps,
@@ -175,6 +175,7 @@ class LowerToTilePass(ModulePass):
         batch = host.emit(DimOp(q, 0), "batch")
         q_len = host.emit(DimOp(q, 2), "q_len")
         paging = paged_cache(program)
+        lens = cache_lengths(program)
         paged: PagedKV | None = None
         if paging is None:
             kv_len = host.emit(DimOp(k, 2), "kv_len")
@@ -254,7 +255,8 @@ class LowerToTilePass(ModulePass):
                 program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms)), f32_dot=f32_dot),
             launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
-            alibi_vectors=self.alibi_vectors, f32_dot=f32_dot, paged=paged, q_saved=q_saved,
+            alibi_vectors=self.alibi_vectors, f32_dot=f32_dot, paged=paged,
+            kv_lens=None if lens is None else args[program.arg(lens)], q_saved=q_saved,
         )
         hopper = lower_hopper_forward(spec, host, fname, one, persistent=self.hopper_persistent) if self.hopper_forward else None
         forward = ForwardKernel(spec, f"{fname}_fwd")

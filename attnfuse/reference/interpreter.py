@@ -202,11 +202,15 @@ def run_qk_norm(op: QKNormOp, frame: Frame) -> tuple[Value, ...]:
 def run_scores(op: ScoresOp, frame: Frame) -> tuple[Value, ...]:
     """`S = q @ k^T * scale`; query head h uses kv head `h // (Hq // Hkv)`."""
     q, k = frame.tensor(op.q), frame.tensor(op.k)
-    if op.block_table is not None and op.kv_lens is not None:  # a paged cache: gather each sequence's keys
+    if op.kv_lens is not None:  # a paged cache (gather each sequence's keys) or a contiguous one with lengths
         _require(not isinstance(op.k.owner, (RopeOp, QKNormOp)),
-                 "attn.scores: K transforms are not defined on a paged KV cache (it holds transformed keys)")
+                 "attn.scores: K transforms are not defined on a KV cache read through kv_lens (it holds transformed keys)")
+        lens = frame.tensor(op.kv_lens)
+        # A contiguous cache is a pool of one page of its whole capacity per sequence.
+        table = (frame.tensor(op.block_table) if op.block_table is not None
+                 else torch.arange(k.shape[0], dtype=lens.dtype, device=lens.device).view(-1, 1))
         try:
-            pages = paging(frame.tensor(op.block_table), frame.tensor(op.kv_lens), q.shape[2], k.shape[0], k.shape[2])
+            pages = paging(table, lens, q.shape[2], k.shape[0], k.shape[2])
         except PagingError as error:
             raise ReferenceError(f"attn.scores: {error}") from None
         _require(q.shape[0] == pages.kv_lens.shape[0],

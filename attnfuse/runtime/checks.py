@@ -12,7 +12,8 @@ first call of a shape class, like every argument (no synchronisation); their val
 (`page_values`: lengths within the block table, pages within the pool) only when
 `check_pages` is set, since that reads them back to the host. Without it, the kernels
 clamp lengths and page numbers so that bad values give wrong numbers, never reads
-outside the tensors.
+outside the tensors. The kv_lens of a contiguous cache with lengths are checked the
+same way (`page_values`: every length within the cache's capacity, dim 2 of k).
 
 A packed batch's cu_seqlens must be `N + 1` int32 entries rising from 0 to the token
 count of their side, with as many sequences for q as for k. The entry counts are shape
@@ -125,7 +126,8 @@ class ArgumentChecker:
 
     def __init__(self, name: str, parameters: Sequence[Parameter], symbolic: dict[int, tuple[str | int, ...]],
                  shared_length: int | None, qkv: tuple[int, int, int],
-                 segments: Sequence[tuple[int, str]] = (), pages: tuple[int, int] | None = None) -> None:
+                 segments: Sequence[tuple[int, str]] = (), pages: tuple[int, int] | None = None,
+                 lengths: int | None = None) -> None:
         self.name = name
         self.parameters = list(parameters)
         self.symbolic = symbolic
@@ -135,6 +137,8 @@ class ArgumentChecker:
         """The cu_seqlens of a packed batch and the length they cut (`Sq` or `Skv`)."""
         self.pages = pages
         """(block table, kv_lens) argument indices of a paged KV cache."""
+        self.lengths = lengths
+        """The kv_lens argument index of a contiguous cache with lengths."""
         self.check_pages = False
         """Check the block table's and kv_lens' values on every call (`page_values`)."""
         self.check_segments = True
@@ -210,7 +214,11 @@ class ArgumentChecker:
     def page_values(self, args: Sequence[Any]) -> None:
         """With `check_pages`: every `kv_lens[b]` in `[0, max_pages * page_size]`, and the
         pages holding its keys within the pool (one host copy of each tensor)."""
-        if self.pages is None or not self.check_pages:
+        if not self.check_pages:
+            return
+        if self.lengths is not None:
+            self._length_values(args, self.lengths)
+        if self.pages is None:
             return
         table_param, lens_param = (self.parameters[i] for i in self.pages)
         k = args[self.qkv[1]]
@@ -229,6 +237,17 @@ class ArgumentChecker:
             raise AttnfuseArgumentError(
                 f"argument {table_param.index} '{table_param.name}': block_table[{b}, {p}] = {int(table[b, p])} "
                 f"is not a page of the pool (0 <= page < {k.shape[0]}, dim 0 of argument {self.qkv[1]})")
+
+    def _length_values(self, args: Sequence[Any], index: int) -> None:
+        """Every `kv_lens[b]` of a contiguous cache in `[0, capacity]` (dim 2 of k)."""
+        param, capacity = self.parameters[index], args[self.qkv[1]].shape[2]
+        lens = args[index].cpu().long()
+        bad = ((lens < 0) | (lens > capacity)).nonzero()
+        if bad.numel():
+            b = int(bad[0])
+            raise AttnfuseArgumentError(
+                f"argument {index} '{param.name}': kv_lens[{b}] = {int(lens[b])} is not in [0, {capacity}] "
+                f"(the cache's capacity, dim 2 of argument {self.qkv[1]})")
 
     def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
         """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k (with a

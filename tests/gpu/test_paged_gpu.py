@@ -8,7 +8,8 @@
   sinks + 128-key window, Gemma 2 softcap + window with D = 256, ALiBi);
 * `append_paged_kv` with Llama-3 RoPE followed by attention, against the contiguous
   reference;
-* one compiled kernel serves every length (lengths are data, not shapes).
+* one compiled kernel serves every length (lengths are data, not shapes);
+* a contiguous cache with per-sequence lengths (`kv_lens` without a block table).
 
 Run on the GPU machine: `python -m pytest tests/gpu/test_paged_gpu.py -q`.
 """
@@ -142,3 +143,24 @@ def test_one_kernel_serves_every_length() -> None:
                  "paged_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
         assert compiled <= 2, f"{name}: {compiled} compiled variants"
+
+
+@pytest.mark.parametrize(("lens", "q_len", "split"), [([8191], 1, True), ([1000, 8191, 17, 4096], 4, True),
+                                                      ([2000, 700], 17, False)])
+def test_llama3_contiguous_cache_with_lengths(lens: list[int], q_len: int, split: bool) -> None:
+    """A contiguous cache of 8192 keys per sequence with `kv_lens` (no block table), rows
+    past each length NaN: decode (split kernels) and prefill (forward kernel)."""
+    from test_cache_lengths import cache_inputs, contiguous
+    from test_cache_lengths import torch_output as lens_torch_output
+
+    p = contiguous(llama3())
+    fn = attnfuse.compile(p.text)
+    cpu = cache_inputs(p, lens, q_len, dtype=torch.bfloat16, capacity=8192)
+    args = [a.cuda() for a in cpu]
+    out = fn(*args)
+    ran = _launches(fn, args)
+    assert bool({"f_split_kv", "f_split_kv_small"} & set(ran)) == split and ("f_fwd" in ran) == (not split), ran
+    assert not torch.isnan(out).any()
+    want = reference.run(p.text, *cpu)
+    ours, theirs = relative_error(out.cpu(), want), relative_error(lens_torch_output(p, cpu), want)
+    assert ours <= 2 * max(theirs, torch.finfo(torch.bfloat16).eps), (ours, theirs)

@@ -131,3 +131,27 @@ def test_append_kernel_compiles_for_sm90(rope: bool) -> None:
     module = build_append("append_paged_kv", pool, pool, op)
     kernel = next(o for o in module.ops if isinstance(o, KernelOp))
     _check(kernel, f"append (rope={rope})")
+
+
+@pytest.mark.parametrize("name", ["llama3_8b", "gpt_oss"])
+def test_cache_lengths_kernels_compile_for_sm90(name: str) -> None:
+    """A contiguous cache with lengths (`kv_lens` without a block table): the forward and
+    split kernels compile with the spills and shared memory of the contiguous ones (they
+    only read one length per program more)."""
+    shape, options = CASES[name]
+    text = contiguous_program(*shape, **options)
+    q_type = text.split("%q: ")[1].split(",")[0]
+    lens_text = text.replace("%v: ", "%lens: tensor<?xi32>, %v: ").replace(
+        f"attn.scores {'%qr' if options.get('rope') else '%q'}, %k :",
+        f"attn.scores {'%qr' if options.get('rope') else '%q'}, %k kv_lens %lens :").replace(
+        f"{q_type}, tensor<?x{shape[1]}x?x{shape[2]}x{shape[3]}> -> !attn.scores",
+        f"{q_type}, tensor<?x{shape[1]}x?x{shape[2]}x{shape[3]}>, tensor<?xi32> -> !attn.scores")
+    assert "kv_lens %lens" in lens_text and "tensor<?xi32> -> !attn.scores" in lens_text
+    lens, plain = _kernels(lens_text), _kernels(text)
+    assert not [k for k in lens if "_bwd" in k], lens  # inference only
+    for kernel in ("f_fwd", "f_split_kv", "f_split_kv_small"):
+        if kernel in plain:
+            allowed = ptxas_usage(compile_kernel_for_sm90(plain[kernel], specialize=True))["spill_bytes"]
+            shared = _check(lens[kernel], f"{name} {kernel}", allowed)
+            if kernel != "f_fwd":
+                assert shared <= SHARED_MEMORY_BUDGET // 2, f"{name} {kernel}: {shared} bytes, more than half an SM"

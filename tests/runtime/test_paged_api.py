@@ -81,7 +81,7 @@ def test_value_check_is_opt_in() -> None:
 
 def test_value_check_needs_a_paged_program() -> None:
     contiguous = attnfuse.compile(attnfuse.attention(4, 32, kv_heads=2).causal().build())
-    with pytest.raises(ValueError, match="reads no paged KV cache"):
+    with pytest.raises(ValueError, match="reads no KV cache through kv_lens"):
         contiguous.check_page_values = True
 
 

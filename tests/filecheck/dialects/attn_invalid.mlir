@@ -1509,12 +1509,43 @@ func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi
 
 // a paged KV cache needs the block table and the lengths
 func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x8x16xf16>, %bt: tensor<?x?xi32>) {
-  // expected-error @+1 {{a paged KV cache needs both block_table and kv_lens}}
+  // expected-error @+1 {{a paged KV cache (block_table) needs kv_lens}}
   %s = attn.scores %q, %k block_table %bt : tensor<?x4x?x16xf16>, tensor<?x2x8x16xf16>, tensor<?x?xi32> -> !attn.scores<?x4x?x?xf32>
   func.return
 }
 
-// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a paged KV cache needs both block_table and kv_lens
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a paged KV cache (block_table) needs kv_lens
+
+// -----
+
+// the lengths of a contiguous cache: int32, one per sequence of q
+func.func @f(%q: tensor<2x4x?x16xf16>, %k: tensor<2x2x?x16xf16>, %n: tensor<3xi32>) {
+  // expected-error @+1 {{kv_lens [3] has one entry per sequence of q (batch [2])}}
+  %s = attn.scores %q, %k kv_lens %n : tensor<2x4x?x16xf16>, tensor<2x2x?x16xf16>, tensor<3xi32> -> !attn.scores<2x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op kv_lens [3] has one entry per sequence of q (batch [2])
+
+// -----
+
+func.func @f(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %n: tensor<?xi64>) {
+  // expected-error @+1 {{attn.scores kv_lens must be an int32 [batch] tensor, got tensor<?xi64>}}
+  %s = attn.scores %q, %k kv_lens %n : tensor<?x4x?x16xf16>, tensor<?x2x?x16xf16>, tensor<?xi64> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op attn.scores kv_lens must be an int32 [batch] tensor, got tensor<?xi64>
+
+// -----
+
+func.func @f(%q: tensor<1x4x?x16xf16>, %k: tensor<1x2x?x16xf16>, %cu: tensor<?xi32>, %n: tensor<?xi32>) {
+  // expected-error @+1 {{a KV cache with kv_lens and a packed batch (cu_seqlens) do not combine}}
+  %s = attn.scores %q, %k cu_seqlens_q %cu cu_seqlens_k %cu kv_lens %n : tensor<1x4x?x16xf16>, tensor<1x2x?x16xf16>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32> -> !attn.scores<?x4x?x?xf32>
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.scores' op a KV cache with kv_lens and a packed batch (cu_seqlens) do not combine
 
 // -----
 
