@@ -14,9 +14,11 @@ building block, so a base program can be shared by variants. Q/K transforms (`qk
 `rope`) run before `attn.scores` in the order they are added; score ops (`alibi`,
 `bias`, `softcap`, the masks, `score_mod`, `mask_mod`) run in the order they are added;
 `sinks`, `dropout` and `lse` configure the softmax; `packed` makes the batch a packed
-one (q, k, v `[1, heads, total_tokens, head_dim]` cut into sequences by cu_seqlens).
-Extra operands become function arguments after q, k, v, in the order their blocks are
-added (`cu_seqlens_q`/`cu_seqlens_k` first, then `pos`, `wq`, `wk`, `slopes`, `bias`,
+one (q, k, v `[1, heads, total_tokens, head_dim]` cut into sequences by cu_seqlens);
+`cache_lengths` makes k and v a cache of which each sequence holds its first
+`kv_lens[b]` keys. Extra operands become function arguments after q, k, v, in the order
+their blocks are added (`cu_seqlens_q`/`cu_seqlens_k` or `kv_lens` first, then `pos`,
+`wq`, `wk`, `slopes`, `bias`,
 `doc`, `prefix_len`, captures, `sinks`, `seed`). `score_mod` and
 `mask_mod` take Python functions written as for flex_attention, traced into regions
 (`attnfuse.tracing`). `build()` verifies the IR and prints it: the program *is* its text.
@@ -170,6 +172,8 @@ class ProgramBuilder:
     returns_lse: bool = False
     cu_seqlens: tuple[str, ...] = ()
     """Names of the cu_seqlens arguments of a packed batch (q's, then k's; one when shared)."""
+    kv_lens: bool = False
+    """k and v are a contiguous cache with per-sequence lengths (an int32 `kv_lens` argument)."""
 
     # ---------------------------------------------------------------- Q and K transforms
 
@@ -288,6 +292,12 @@ class ProgramBuilder:
         `shared`) cut them into N sequences, each attended on its own."""
         return replace(self, cu_seqlens=("cu_seqlens",) if shared else ("cu_seqlens_q", "cu_seqlens_k"))
 
+    def cache_lengths(self) -> ProgramBuilder:
+        """k and v are a KV cache `[B, kv_heads, capacity, head_dim]` of which sequence `b`
+        holds its first `kv_lens[b]` keys (an int32 `[B]` argument `kv_lens`): decoding
+        against a cache allocated once. Inference only (docs/inference.md)."""
+        return replace(self, kv_lens=True)
+
     # ---------------------------------------------------------------- building
 
     def _add(self, *steps: _Step) -> ProgramBuilder:
@@ -350,6 +360,7 @@ class _Emitter:
             arg.name_hint = name
             self.args[name] = arg
         self.cu = [self.arg(_Operand(name, TensorType(i32, [DYNAMIC]))) for name in builder.cu_seqlens]
+        self.lens = self.arg(_Operand("kv_lens", TensorType(i32, [DYNAMIC]))) if builder.kv_lens else None
 
     def arg(self, operand: _Operand) -> SSAValue:
         existing = self.args.get(operand.name)
@@ -402,7 +413,7 @@ class _Emitter:
         dims = [DYNAMIC, b.heads, DYNAMIC, DYNAMIC]
         scale = {"scale": ScoresOp.OPTIONS[0].to_attr(b.scale_value)} if b.scale_value is not None else {}
         cu = [[self.cu[0]], [self.cu[-1]]] if self.cu else [[], []]
-        cu += [[], []]  # no paged KV cache (block_table, kv_lens)
+        cu += [[], [] if self.lens is None else [self.lens]]  # no block table (a paged cache)
         s = self.emit(ScoresOp.build(operands=[sides["q"], sides["k"], *cu], result_types=[ScoresType(dims)],
                                      properties=scale), "s")
         for n, step in enumerate((st for st in b.steps if st.side == "scores"), start=1):

@@ -159,3 +159,23 @@ def test_builders_are_immutable_and_share_bases() -> None:
     assert "sliding_window" in local.build().text() and "sliding_window" not in full.build().text()
     assert base.build().text().count("attn.mask") == 0
     assert "%q_doc: tensor<?x?xi32>, %kv_doc" in A(4, 8).document(separate_kv=True).prefix_lm().build().text()
+
+
+def test_cache_lengths_writes_a_kv_lens_operand() -> None:
+    """`cache_lengths()` gives `attn.scores ... kv_lens %kv_lens` with the int32 [B]
+    argument right after v, and the kernels read each sequence's length."""
+    program = (A(4, 16, kv_heads=2, dtype=torch.float16, name="with_lengths").rope(theta=10000.0, positions=True, on="q")
+               .causal(align="bottom_right").cache_lengths().build())
+    text = program.text()
+    assert "%v: tensor<?x2x?x16xf16>, %kv_lens: tensor<?xi32>, %pos: tensor<?x?xi32>" in text
+    assert "attn.scores %qr, %k kv_lens %kv_lens" in text
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 1, 16, generator=g).half()
+    k, v = (torch.randn(2, 2, 40, 16, generator=g).half() for _ in range(2))
+    lens = torch.tensor([9, 33], dtype=torch.int32)
+    pos = (lens - 1).view(2, 1)
+    out = attnfuse.compile(program)(q, k, v, lens, pos)
+    want = run(text, q, k, v, lens, pos)
+    assert_close(out, want)
+    alone = run(text, q[1:], k[1:, :, :33], v[1:, :, :33], lens[1:], pos[1:])  # sequence 1 without the padding
+    assert_close(out[1:], alone)
