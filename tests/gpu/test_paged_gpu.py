@@ -151,7 +151,6 @@ def test_llama3_contiguous_cache_with_lengths(lens: list[int], q_len: int, split
     """A contiguous cache of 8192 keys per sequence with `kv_lens` (no block table), rows
     past each length NaN: decode (split kernels) and prefill (forward kernel)."""
     from test_cache_lengths import cache_inputs, contiguous
-    from test_cache_lengths import torch_output as lens_torch_output
 
     p = contiguous(llama3())
     fn = attnfuse.compile(p.text)
@@ -162,5 +161,5 @@ def test_llama3_contiguous_cache_with_lengths(lens: list[int], q_len: int, split
     assert bool({"f_split_kv", "f_split_kv_small"} & set(ran)) == split and ("f_fwd" in ran) == (not split), ran
     assert not torch.isnan(out).any()
     want = reference.run(p.text, *cpu)
-    ours, theirs = relative_error(out.cpu(), want), relative_error(lens_torch_output(p, cpu), want)
+    ours, theirs = relative_error(out.cpu(), want), relative_error(torch_output(p, cpu), want)
     assert ours <= 2 * max(theirs, torch.finfo(torch.bfloat16).eps), (ours, theirs)

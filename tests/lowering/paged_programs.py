@@ -108,7 +108,13 @@ def inputs(program: PagedProgram, lens: Sequence[int], q_len: int, *, seed: int 
     kc = torch.randn(pages, *shapes[1][1:], generator=g).to(dtype)
     vc = torch.randn(pages, *shapes[2][1:], generator=g).to(dtype)
     table = block_table(lens, page, max_pages, pages, g)
-    args: list[Any] = [q, kc, vc, table, torch.tensor(lens, dtype=torch.int32)]
+    return [q, kc, vc, table, torch.tensor(lens, dtype=torch.int32), *extra_args(program, lens, q_len, g)]
+
+
+def extra_args(program: PagedProgram, lens: Sequence[int], q_len: int, g: torch.Generator) -> list[Any]:
+    """The arguments after the cache's: the new queries' positions `lens[b] - Sq + i`,
+    per-head tables (sinks, slopes, captures) drawn from `g`."""
+    args: list[Any] = []
     for name in program.extras:
         if name == "pos":
             args.append((torch.tensor(lens).view(-1, 1) - q_len + torch.arange(q_len)).to(torch.int32))
@@ -118,14 +124,21 @@ def inputs(program: PagedProgram, lens: Sequence[int], q_len: int, *, seed: int 
 
 
 def torch_output(program: PagedProgram, args: Sequence[Any]) -> torch.Tensor:
-    """PyTorch's eager attention in the inputs' dtype, from the reference's scores."""
+    """PyTorch's eager attention in the inputs' dtype, from the reference's scores. A
+    program without a block table reads a contiguous cache with lengths (arguments q, k,
+    v, kv_lens, extras): one page of its whole capacity per sequence."""
     scores = reference.run(program.text, *args, return_all=True)[program.last_scores]
     dtype = args[0].dtype
-    q, _, vc, table, lens = args[:5]
+    if "block_table" in program.text:
+        q, _, vc, table, lens = args[:5]
+    else:
+        q, _, vc, lens = args[:4]
+        table = torch.arange(vc.shape[0]).view(-1, 1)
+    first_extra = 5 if "block_table" in program.text else 4
     pages = paging(table.long(), lens.long(), q.shape[2], vc.shape[0], vc.shape[2])
     s = torch.where(pages.same_sequence(), scores, float("-inf")).to(dtype)
     if "sinks" in program.extras:
-        sinks = args[5 + program.extras.index("sinks")].to(dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+        sinks = args[first_extra + program.extras.index("sinks")].to(dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
         p = torch.softmax(torch.cat([s, sinks], -1), -1)[..., :-1]
     else:
         p = torch.softmax(s, -1)
@@ -134,4 +147,27 @@ def torch_output(program: PagedProgram, args: Sequence[Any]) -> torch.Tensor:
     return p.nan_to_num(0.0) @ v
 
 
-__all__ = ["BR", "PagedProgram", "block_table", "inputs", "paged", "torch_output"]
+def assert_matches_reference(program: PagedProgram, args: Sequence[Any], result: Any) -> torch.Tensor:
+    """`result` (out, or (out, lse)) against the float64 reference: out within
+    `FACTOR` x PyTorch's own error in the dtype, no NaN; the lse finite where the
+    reference's is and within 1e-2 of it. Returns out."""
+    from split_kv_check import FACTOR, relative_error
+
+    out = result[0] if isinstance(result, tuple) else result
+    want = reference.run(program.text, *args)
+    want = want[0] if isinstance(want, tuple) else want
+    dtype = args[0].dtype
+    assert out.dtype == dtype and not torch.isnan(out).any()
+    ours, theirs = relative_error(out, want), relative_error(torch_output(program, args), want)
+    bound = FACTOR[dtype] * max(theirs, torch.finfo(dtype).eps)
+    assert ours <= bound, f"relative error {ours:.2e} > {bound:.2e} ({FACTOR[dtype]} x PyTorch's {theirs:.2e})"
+    if isinstance(result, tuple):
+        lse = reference.run(program.text, *args)[1]
+        finite = torch.isfinite(lse)
+        assert torch.equal(torch.isfinite(result[1]), finite)
+        assert (result[1].double()[finite] - lse[finite]).abs().max() < 1e-2
+    return out
+
+
+__all__ = ["BR", "PagedProgram", "assert_matches_reference", "block_table", "extra_args", "inputs", "paged",
+           "torch_output"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from paged_programs import BR, PagedProgram, paged
-from split_kv_check import FACTOR, launches, relative_error
+from paged_programs import BR, PagedProgram, assert_matches_reference, extra_args, paged
+from split_kv_check import launches, relative_error
 from test_paged import BLOCKS
 
 import attnfuse
@@ -49,29 +49,7 @@ def cache_inputs(program: PagedProgram, lens: Sequence[int], q_len: int, *, seed
     for b, n in enumerate(lens):
         k[b, :, n:] = float("nan")
         v[b, :, n:] = float("nan")
-    args: list[Any] = [q, k, v, torch.tensor(lens, dtype=torch.int32)]
-    for name in program.extras:
-        if name == "pos":
-            args.append((torch.tensor(lens).view(-1, 1) - q_len + torch.arange(q_len)).to(torch.int32))
-        else:
-            args.append(torch.randn(program.heads, generator=g))
-    return args
-
-
-def torch_output(program: PagedProgram, args: Sequence[Any]) -> torch.Tensor:
-    """PyTorch's eager attention in the inputs' dtype, from the reference's scores."""
-    scores = reference.run(program.text, *args, return_all=True)[program.last_scores]
-    dtype = args[0].dtype
-    v, lens = args[2], args[3].long()
-    keep = torch.arange(v.shape[2]).view(1, 1, 1, -1) < lens.view(-1, 1, 1, 1)
-    s = torch.where(keep, scores, float("-inf")).to(dtype)
-    if "sinks" in program.extras:
-        sinks = args[4 + program.extras.index("sinks")].to(dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
-        p = torch.softmax(torch.cat([s, sinks], -1), -1)[..., :-1]
-    else:
-        p = torch.softmax(s, -1)
-    v = torch.where(keep[:, :, 0, :, None], v, 0.0).repeat_interleave(s.shape[1] // v.shape[1], 1)
-    return p.nan_to_num(0.0) @ v
+    return [q, k, v, torch.tensor(lens, dtype=torch.int32), *extra_args(program, lens, q_len, g)]
 
 
 _COMPILED: dict[str, attnfuse.api.AttentionFunction] = {}
@@ -86,24 +64,12 @@ def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtyp
     fn = _COMPILED[program.text]
     args = cache_inputs(program, lens, q_len, seed=seed, dtype=dtype)
     result = fn(*args)
-    out = result[0] if isinstance(result, tuple) else result
     ran = launches(fn, args)
     group = program.heads // args[1].shape[1]
     rows = default_rows(analyze(next(iter(reference.parse_program(program.text).ops))))  # type: ignore[arg-type]
     assert ("f_fwd" in ran) == (q_len * group > rows), ran
     assert not any(name.endswith("_short") for name in ran), ran  # the paged kernel only
-    want = reference.run(program.text, *args)
-    want = want[0] if isinstance(want, tuple) else want
-    assert out.dtype == dtype and not torch.isnan(out).any()
-    ours, theirs = relative_error(out, want), relative_error(torch_output(program, args), want)
-    bound = FACTOR[dtype] * max(theirs, torch.finfo(dtype).eps)
-    assert ours <= bound, f"relative error {ours:.2e} > {bound:.2e} ({FACTOR[dtype]} x PyTorch's {theirs:.2e})"
-    if isinstance(result, tuple):
-        lse = reference.run(program.text, *args)[1]
-        finite = torch.isfinite(lse)
-        assert torch.equal(torch.isfinite(result[1]), finite)
-        assert (result[1].double()[finite] - lse[finite]).abs().max() < 1e-2
-    return out
+    return assert_matches_reference(program, args, result)
 
 
 @pytest.mark.filterwarnings("ignore:.*aligned top-left")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from paged_programs import BR, PagedProgram, inputs, paged, torch_output
-from split_kv_check import FACTOR, launches, relative_error
+from paged_programs import BR, PagedProgram, assert_matches_reference, inputs, paged
+from split_kv_check import launches, relative_error
 
 import attnfuse
 from attnfuse import reference
@@ -54,7 +54,6 @@ def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtyp
     args = inputs(program, lens, q_len, seed=seed, dtype=dtype)
     fn = compiled(program.text, pipeline(split, strategy, splits))
     result = fn(*args)
-    out = result[0] if isinstance(result, tuple) else result
     ran = launches(fn, args)
     group = program.heads // args[1].shape[1]
     rows = default_rows(analyze(next(iter(reference.parse_program(program.text).ops))))  # type: ignore[arg-type]
@@ -64,18 +63,7 @@ def check(program: PagedProgram, q_len: int, lens: Sequence[int] = LENS, *, dtyp
     small = splitting and not short and group <= SMALL_ROWS < rows and q_len * group <= SMALL_ROWS
     tiers = ("f_split_kv" in ran, "f_split_kv_small" in ran, "f_split_kv_short" in ran)
     assert tiers == (splitting and not small and not short, small, short), ran
-    want = reference.run(program.text, *args)
-    want = want[0] if isinstance(want, tuple) else want
-    assert out.dtype == dtype and not torch.isnan(out).any()
-    ours, theirs = relative_error(out, want), relative_error(torch_output(program, args), want)
-    bound = FACTOR[dtype] * max(theirs, torch.finfo(dtype).eps)
-    assert ours <= bound, f"relative error {ours:.2e} > {bound:.2e} ({FACTOR[dtype]} x PyTorch's {theirs:.2e})"
-    if isinstance(result, tuple):
-        lse = reference.run(program.text, *args)[1]
-        finite = torch.isfinite(lse)
-        assert torch.equal(torch.isfinite(result[1]), finite)
-        assert (result[1].double()[finite] - lse[finite]).abs().max() < 1e-2
-    return out
+    return assert_matches_reference(program, args, result)
 
 
 ROPE = "{theta = 10000.0}"
