@@ -136,8 +136,8 @@ def _refuse(name: str, op: Operation, why: str) -> RingSplitError:
 def _check(name: str, function: func.FuncOp) -> None:
     for op in function.body.block.ops:
         if isinstance(op, ScoresOp) and op.kv_lens is not None:
-            raise _refuse(name, op, "reads a KV cache through kv_lens (paged or with lengths), which decoding reads "
-                                    "whole on one rank")
+            cache = "a paged KV cache (block_table)" if op.block_table is not None else "a KV cache with kv_lens"
+            raise _refuse(name, op, f"reads {cache}, which decoding reads whole on one rank")
         if isinstance(op, MaskOp) and op.kind is not None and op.kind.data in ("causal", "document"):
             continue
         if not isinstance(op, _KEPT) or isinstance(op, MaskOp):

@@ -111,6 +111,10 @@ def test_split_refuses_a_paged_cache() -> None:
 }"""
     with pytest.raises(RingSplitError, match="'attn.scores' reads a paged KV cache"):
         split_for_ring(text)
+    contiguous = text.replace("tensor<?x2x8x16xf32>", "tensor<?x2x?x16xf32>").replace(" block_table %bt", "").replace(
+        "%bt: tensor<?x?xi32>, ", "").replace("tensor<?x?xi32>, tensor<?xi32> ->", "tensor<?xi32> ->")
+    with pytest.raises(RingSplitError, match="'attn.scores' reads a KV cache with kv_lens, which decoding reads"):
+        split_for_ring(contiguous)
 
 
 def test_split_variants_of_llama3() -> None:
