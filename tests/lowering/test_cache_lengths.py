@@ -140,3 +140,31 @@ def test_no_backward_and_no_k_transforms() -> None:
         fn(*args)
     with pytest.raises(ProgramError, match="attn.rope on K of a KV cache with kv_lens"):
         attnfuse.compile(contiguous(paged(k_rope=True)).text)
+
+
+def test_append_into_a_contiguous_cache() -> None:
+    """`append_paged_kv` writes into a contiguous cache read as a pool of one page of its
+    whole capacity per sequence (block table `arange(B)[:, None]`), rotating the new
+    keys; the attention then reads them through kv_lens."""
+    from attnfuse.inference import append_paged_kv
+
+    p = contiguous(paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"]))
+    fn = attnfuse.compile(p.text.replace("@f(", "@appended_cache("))
+    g = torch.Generator().manual_seed(11)
+    k_cache, v_cache = (torch.zeros(3, 2, CAPACITY, 32).half() for _ in range(2))
+    lens = torch.tensor([0, 5, 77], dtype=torch.int32)
+    table = torch.arange(3, dtype=torch.int32).view(3, 1)
+    k_new, v_new = (torch.randn(3, 2, 3, 32, generator=g).half() for _ in range(2))
+    new_lens = append_paged_kv(k_cache, v_cache, table, lens, k_new, v_new, rope={"theta": 10000.0})
+    assert new_lens.tolist() == [3, 8, 80]
+    ty = "tensor<?x2x?x32xf32>"
+    rope = (f"func.func @r(%k: {ty}, %pos: tensor<?x?xi32>) -> {ty} {{\n  %r = attn.rope %k positions %pos "
+            f"{{theta = 10000.0}} : {ty}, tensor<?x?xi32>\n  func.return %r : {ty}\n}}")
+    positions = (lens.view(3, 1) + torch.arange(3)).to(torch.int32)
+    rotated = reference.run(rope, k_new.float(), positions)
+    for b, n in enumerate(lens.tolist()):
+        assert torch.equal(v_cache[b, :, n:n + 3], v_new[b])
+        assert (k_cache[b, :, n:n + 3].double() - rotated[b]).abs().max() < 2e-3  # rotated at positions n..n+2
+    q = torch.randn(3, 4, 1, 32, generator=g).half()
+    out = fn(q, k_cache, v_cache, new_lens)
+    assert relative_error(out, reference.run(p.text, q, k_cache, v_cache, new_lens)) < 5e-3
