@@ -413,7 +413,7 @@ class _Emitter:
         dims = [DYNAMIC, b.heads, DYNAMIC, DYNAMIC]
         scale = {"scale": ScoresOp.OPTIONS[0].to_attr(b.scale_value)} if b.scale_value is not None else {}
         cu = [[self.cu[0]], [self.cu[-1]]] if self.cu else [[], []]
-        cu += [[], [] if self.lens is None else [self.lens]]  # no block table (a paged cache)
+        cu += [[], [] if self.lens is None else [self.lens]]  # block_table (never: no paged cache), kv_lens
         s = self.emit(ScoresOp.build(operands=[sides["q"], sides["k"], *cu], result_types=[ScoresType(dims)],
                                      properties=scale), "s")
         for n, step in enumerate((st for st in b.steps if st.side == "scores"), start=1):

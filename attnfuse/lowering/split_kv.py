@@ -17,9 +17,10 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
   row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
 * Host code: the split count (`auto`: about `waves` programs per SM, at least
   `min_blocks` KV blocks per split unless that leaves SMs idle; computed from
-  `host.sm_count` once per launch plan), the split kernel, and the choice of path: calls whose `Sq * G` rows fit one tile run the split kernel
-  (and the combine when there is more than one split); other calls run the usual forward
-  kernel. A zero grid launches nothing.
+  `host.sm_count` once per launch plan), the split kernel, and the choice of path:
+  calls whose `Sq * G` rows fit one tile run the split kernel (and the combine when
+  there is more than one split); other calls run the usual forward kernel. A zero grid
+  launches nothing.
 
 Every score op sees each packed row with its own head and query index, so ALiBi, bias
 tensors, score_mod regions, masks (bands bottom-right or top-left, windows, documents,
@@ -245,8 +246,6 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
     name = f"{fname}_split_kv"
     split_bh = host.mul(spec.batch, hk, "split_bh")
-    programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
-    one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     kernels: list[Operation] = []
     small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
     # (name, packed rows, one loop at the contiguous depth); the first whose condition
@@ -256,6 +255,9 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
         variants.insert(0, (f"{name}_small", small_rows, False))
     if spec.paged is not None:
         variants.insert(0, (f"{name}_short", small_rows, True))
+    if len(variants) > 1:  # what the conditions read
+        programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
+        one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     grid = split_grid
     for i, (variant, tier, short) in enumerate(variants):
         tier_grid = grid

@@ -121,6 +121,16 @@ def _integer(param: Parameter, value: Any) -> int:
     return number
 
 
+def _check_lengths(param: Parameter, lens: torch.Tensor, capacity: int, why: str) -> None:
+    """Raise naming `param` unless every `kv_lens[b]` (a host copy) is in `[0, capacity]`
+    (`why`: where the capacity comes from)."""
+    bad = ((lens < 0) | (lens > capacity)).nonzero()
+    if bad.numel():
+        b = int(bad[0])
+        raise AttnfuseArgumentError(
+            f"argument {param.index} '{param.name}': kv_lens[{b}] = {int(lens[b])} is not in [0, {capacity}] ({why})")
+
+
 class ArgumentChecker:
     """The checks of one program's calls (see the module docstring)."""
 
@@ -213,23 +223,20 @@ class ArgumentChecker:
 
     def page_values(self, args: Sequence[Any]) -> None:
         """With `check_pages`: every `kv_lens[b]` in `[0, max_pages * page_size]`, and the
-        pages holding its keys within the pool (one host copy of each tensor)."""
+        pages holding its keys within the pool (one host copy of each tensor); on a
+        contiguous cache with lengths, every `kv_lens[b]` in `[0, capacity]` (k's dim 2)."""
         if not self.check_pages:
             return
+        k = args[self.qkv[1]]
         if self.lengths is not None:
-            self._length_values(args, self.lengths)
+            _check_lengths(self.parameters[self.lengths], args[self.lengths].cpu().long(), k.shape[2],
+                           f"the cache's capacity, dim 2 of argument {self.qkv[1]}")
         if self.pages is None:
             return
         table_param, lens_param = (self.parameters[i] for i in self.pages)
-        k = args[self.qkv[1]]
         table, lens = args[table_param.index].cpu().long(), args[lens_param.index].cpu().long()
-        capacity = table.shape[1] * k.shape[2]
-        bad = ((lens < 0) | (lens > capacity)).nonzero()
-        if bad.numel():
-            b = int(bad[0])
-            raise AttnfuseArgumentError(
-                f"argument {lens_param.index} '{lens_param.name}': kv_lens[{b}] = {int(lens[b])} is not in "
-                f"[0, {capacity}] (max_pages {table.shape[1]} x page_size {k.shape[2]})")
+        _check_lengths(lens_param, lens, table.shape[1] * k.shape[2],
+                       f"max_pages {table.shape[1]} x page_size {k.shape[2]}")
         used = torch.arange(table.shape[1]).view(1, -1) * k.shape[2] < lens.view(-1, 1)
         bad = (used & ((table < 0) | (table >= k.shape[0]))).nonzero()
         if bad.numel():
@@ -237,17 +244,6 @@ class ArgumentChecker:
             raise AttnfuseArgumentError(
                 f"argument {table_param.index} '{table_param.name}': block_table[{b}, {p}] = {int(table[b, p])} "
                 f"is not a page of the pool (0 <= page < {k.shape[0]}, dim 0 of argument {self.qkv[1]})")
-
-    def _length_values(self, args: Sequence[Any], index: int) -> None:
-        """Every `kv_lens[b]` of a contiguous cache in `[0, capacity]` (dim 2 of k)."""
-        param, capacity = self.parameters[index], args[self.qkv[1]].shape[2]
-        lens = args[index].cpu().long()
-        bad = ((lens < 0) | (lens > capacity)).nonzero()
-        if bad.numel():
-            b = int(bad[0])
-            raise AttnfuseArgumentError(
-                f"argument {index} '{param.name}': kv_lens[{b}] = {int(lens[b])} is not in [0, {capacity}] "
-                f"(the cache's capacity, dim 2 of argument {self.qkv[1]})")
 
     def sizes(self, args: Sequence[Any]) -> dict[str, Any]:
         """The batch `B` and lengths `Sq`, `Skv` of a call, read off q and k (with a
