@@ -192,6 +192,18 @@ def flex_baseline(program: AttentionProgram, args: Sequence[Any], *, compile: bo
     return torch.compile(run) if compile else run
 
 
+def qk_preamble(program: AttentionProgram, args: Sequence[Any], *,
+                compile: bool = True) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`fn(q, k) -> (q', k')`: the program's Q and K transforms (RoPE, QK-norm) in
+    PyTorch, compiled unless `compile=False` (its other operands, positions and weights,
+    fixed from `args`): what a model runs before handing Q and K to SDPA."""
+
+    def transform(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _transform(q, program.q.transforms, program, args), _transform(k, program.k.transforms, program, args)
+
+    return torch.compile(transform) if compile else transform
+
+
 def sdpa_baseline(program: AttentionProgram, args: Sequence[Any], *, backend: str = "cudnn",
                   compile: bool = True) -> Callable[..., torch.Tensor]:
     """`fn(q, k, v) -> out` through SDPA (`backend`: cudnn, flash or math) for programs
@@ -209,11 +221,7 @@ def sdpa_baseline(program: AttentionProgram, args: Sequence[Any], *, backend: st
     chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
               "math": SDPBackend.MATH}[backend]
     scale = program.scores.scale_value()
-
-    def transform(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _transform(q, program.q.transforms, program, args), _transform(k, program.k.transforms, program, args)
-
-    pre = torch.compile(transform) if compile else transform
+    pre = qk_preamble(program, args, compile=compile)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k = pre(q, k)

@@ -16,10 +16,15 @@ pages of a pool, read through a block table; docs/inference.md) and reports
 `paged_vs_contiguous` (contiguous ms / paged ms; the target is >= 0.95), and the same
 attention on the contiguous K/V with per-sequence lengths (`LENS_PROGRAM`, `kv_lens` =
 Skv: what a preallocated serving cache costs over plain contiguous K/V,
-`lens_vs_contiguous`). JSON and a markdown table under --out:
+`lens_vs_contiguous`). With `--rope` each row also times the step with RoPE on the new
+queries (`ROPE_PROGRAM`: Llama-3's rotation at positions `Skv - Sq + i`, the cache's keys
+already rotated): AttnFuse rotates them inside the split kernel, SDPA and flex run a
+compiled PyTorch RoPE first (`baselines.qk_preamble`), as a model does (`<impl>_rope_*`,
+ratios `rope_vs_*`). JSON and a markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
                            [--pipeline P] [--no-baseline-pipeline] [--page-size 16] [--graphs] [--no-flex]
+                           [--rope]
 
 With `--graphs` every call is also timed replayed from a CUDA graph (`<impl>_graph_ms`,
 ratios `graph_vs_*`): a server replays decode steps from graphs, and at these sizes an
@@ -41,7 +46,7 @@ from attnfuse import reference
 from attnfuse.passes import DEFAULT_PIPELINE, default_pipeline
 from attnfuse.program import analyze, find_functions
 from backward_profile import kernel_times
-from baselines import flex_baseline
+from baselines import flex_baseline, qk_preamble
 
 PROGRAM = """
 func.func @decode(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
@@ -79,6 +84,24 @@ func.func @lens(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: ten
 }
 """
 """`PROGRAM` on a contiguous cache with per-sequence lengths (`kv_lens`, no block table)."""
+
+ROPE_PROGRAM = """
+func.func @rope_decode(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
+                       %v: tensor<?x8x?x128xbf16>, %pos: tensor<?x?xi32>) -> tensor<?x32x?x128xbf16> {
+  %qr = attn.rope %q positions %pos {theta = 500000.0, scaling = "llama3", factor = 8.0} : tensor<?x32x?x128xbf16>, tensor<?x?xi32>
+  %s = attn.scores %qr, %k : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<?x32x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x32x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x32x?x?xf32> -> !attn.probs<?x32x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x32x?x?xf32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+"""
+"""`PROGRAM` with Llama-3's RoPE on the new queries at their positions `pos` ([B, Sq])."""
+
+
+def rope_positions(batch: int, q_len: int, kv_len: int, device: str) -> torch.Tensor:
+    """[B, Sq] int32 positions of the new queries, the last `Sq` of `kv_len`."""
+    return (torch.arange(kv_len - q_len, kv_len, device=device, dtype=torch.int32)).expand(batch, q_len).contiguous()
 
 
 def page_cache(k: torch.Tensor, v: torch.Tensor, page: int,
@@ -157,8 +180,11 @@ def _graph_ms(fn: Callable[[], Any]) -> float:
 
 def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str,
         baseline_pipeline: str | None, page_size: int = 0, graphs: bool = False,
-        flex: bool = True, kernels: bool = False, on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+        flex: bool = True, kernels: bool = False, rope: bool = False,
+        on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
+    rope_fn = attnfuse.compile(ROPE_PROGRAM, pipeline=pipeline) if rope else None
+    rope_program = analyze(find_functions(reference.parse_program(ROPE_PROGRAM))[0]) if rope else None
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
     with_lens = attnfuse.compile(LENS_PROGRAM, pipeline=pipeline)
@@ -190,14 +216,33 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
                     if flex:
+                        # Each row compiles flex_attention afresh, for its static shapes:
+                        # with the compile caches of earlier rows, dynamo recompiled with
+                        # dynamic shapes or fell back to eager after its recompile limit
+                        # (run 37: times 1.4-6x apart at one shape, answers 0.05-0.3 off SDPA).
+                        torch._dynamo.reset()
                         flex_fn = flex_baseline(program, [q, k, v])
                         impls["flex"] = lambda: flex_fn(q, k, v)
+                    want_rope: torch.Tensor | None = None
+                    if rope_fn is not None and rope_program is not None:
+                        pos = rope_positions(b, sq, skv, "cuda")
+                        rotate = qk_preamble(rope_program, [q, k, v, pos])
+                        impls["sdpa_rope"] = lambda: sdpa_lower_right(rotate(q, k)[0], k, v)
+                        if sq > 1:
+                            impls["sdpa_gqa_mask_rope"] = lambda: masked(rotate(q, k)[0], k, v)
+                        impls["attnfuse_rope"] = lambda: rope_fn(q, k, v, pos)
+                        if flex:
+                            flex_rope = flex_baseline(rope_program, [q, k, v, pos])
+                            impls["flex_rope"] = lambda: flex_rope(q, k, v)
                     for name, call in impls.items():
                         try:
                             got = call()
-                            if want is not None:
-                                row[f"{name}_max_diff_vs_sdpa"] = float((got.float() - want.float()).abs().max())
-                            del got
+                            if name == "sdpa_rope":
+                                want_rope = got
+                            against = want_rope if name.endswith("_rope") else want
+                            if against is not None:
+                                row[f"{name}_max_diff_vs_sdpa"] = float((got.float() - against.float()).abs().max())
+                            del got, against
                             row[f"{name}_ms"] = _ms(call)
                             if graphs:
                                 row[f"{name}_graph_ms"] = _graph_ms(call)
@@ -210,30 +255,34 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
                         del cache
                 row["splits"] = max((row["attnfuse_kernels"].get(f"decode_split_kv{tier}", 0) for tier in ("", "_small")))
-                _ratios(row, "ms", "")
-                _ratios(row, "graph_ms", "graph_")
+                for suffix in ("", "_rope"):
+                    _ratios(row, "ms", "", suffix)
+                    _ratios(row, "graph_ms", "graph_", suffix)
                 rows.append(row)
                 on_row(rows)
                 print(json.dumps(row), flush=True)
-                del q, k, v, want
+                del q, k, v, want, want_rope
                 torch.cuda.empty_cache()
     return rows
 
 
-def _ratios(row: dict[str, Any], ms: str, prefix: str) -> None:
-    """Add to `row` the faster SDPA form's time (`sdpa_best_<ms>`) and AttnFuse's ratios
-    from its `<impl>_<ms>` times (`ms`: "ms" eager, "graph_ms" from CUDA graphs), each
-    key headed by `prefix`: `vs_<baseline>` (baseline / AttnFuse), `paged_vs_contiguous`."""
-    sdpa = [row[f"{impl}_{ms}"] for impl in ("sdpa", "sdpa_gqa_mask") if f"{impl}_{ms}" in row]
+def _ratios(row: dict[str, Any], ms: str, prefix: str, suffix: str = "") -> None:
+    """Add to `row` the faster SDPA form's time (`sdpa_best<suffix>_<ms>`) and AttnFuse's
+    ratios from its `<impl><suffix>_<ms>` times (`ms`: "ms" eager, "graph_ms" from CUDA
+    graphs; `suffix`: "" or "_rope", the step with RoPE on the new queries), each key
+    headed by `prefix`: `vs_<baseline>` / `rope_vs_<baseline>` (baseline / AttnFuse),
+    `paged_vs_contiguous`, `lens_vs_contiguous`."""
+    sdpa = [row[f"{impl}{suffix}_{ms}"] for impl in ("sdpa", "sdpa_gqa_mask") if f"{impl}{suffix}_{ms}" in row]
     if sdpa:
-        row[f"sdpa_best_{ms}"] = min(sdpa)
-    ours = row.get(f"attnfuse_{ms}")
+        row[f"sdpa_best{suffix}_{ms}"] = min(sdpa)
+    ours = row.get(f"attnfuse{suffix}_{ms}")
     if ours is None:
         return
+    head = prefix + suffix.lstrip("_") + ("_" if suffix else "")
     for other, impl in (("sdpa", "sdpa_best"), ("flex", "flex"), ("no_split", "attnfuse_no_split")):
-        if f"{impl}_{ms}" in row:
-            row[f"{prefix}vs_{other}"] = row[f"{impl}_{ms}"] / ours
-    for form in ("paged", "lens"):
+        if f"{impl}{suffix}_{ms}" in row:
+            row[f"{head}vs_{other}"] = row[f"{impl}{suffix}_{ms}"] / ours
+    for form in ("paged", "lens") if not suffix else ():
         if f"attnfuse_{form}_{ms}" in row:
             row[f"{prefix}{form}_vs_contiguous"] = ours / row[f"attnfuse_{form}_{ms}"]
 
@@ -266,6 +315,15 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
         ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous",
                                                           "graph_lens_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
+    if any("attnfuse_rope_graph_ms" in r for r in rows):
+        lines += ["", "With RoPE on the new queries (AttnFuse fused; SDPA and flex after a compiled RoPE), CUDA graphs, "
+                  "ms per call:", "", "| B | Skv | Sq | AttnFuse | SDPA (best) | flex | vs SDPA | vs flex |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+                    ("attnfuse_rope_graph_ms", "sdpa_best_rope_graph_ms", "flex_rope_graph_ms")]
+            ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_rope_vs_sdpa", "graph_rope_vs_flex")]
+            lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     return [*lines, "", "Eager calls (do_bench), ms per call:", ""]
 
 
@@ -283,6 +341,8 @@ def main() -> None:
     parser.add_argument("--graphs", action="store_true",
                         help="also time every call replayed from a CUDA graph (`<impl>_graph_ms`)")
     parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles per shape)")
+    parser.add_argument("--rope", action="store_true",
+                        help="also time the step with RoPE on the new queries (`<impl>_rope_*`, `rope_vs_*`)")
     parser.add_argument("--kernels", action="store_true",
                         help="also record each call's GPU time per kernel (`<impl>_kernel_us`, torch.profiler)")
     args = parser.parse_args()
@@ -297,7 +357,7 @@ def main() -> None:
         (args.out / "decode.md").write_text(summary(rows))
 
     rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size,
-               graphs=args.graphs, flex=not args.no_flex, kernels=args.kernels, on_row=write)
+               graphs=args.graphs, flex=not args.no_flex, kernels=args.kernels, rope=args.rope, on_row=write)
     print(summary(rows))
 
 

@@ -15,7 +15,8 @@ from attnfuse.program import analyze, find_functions
 from attnfuse.testing import make_inputs, with_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from baselines import Unsupported, flex_baseline, sdpa_baseline  # noqa: E402
+from baselines import Unsupported, flex_baseline, qk_preamble, sdpa_baseline  # noqa: E402
+from decode import PROGRAM as PROGRAM_NO_ROPE  # noqa: E402
 
 SUPPORTED = ["alibi", "document", "gemma2", "gpt_oss", "llama3", "llama3_1", "qwen3", "t5_bias", "varlen"]
 
@@ -111,6 +112,34 @@ def test_decode_bench_lens_rows() -> None:
     want = reference.run(with_dtype(PROGRAM, "f32"), q, k, v)
     fn = attnfuse.compile(with_dtype(LENS_PROGRAM, "f32"))
     assert float((fn(q, k, v, lens).double() - want).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_bench_rope_rows(q_len: int) -> None:
+    """bench/decode.py --rope: the program with RoPE on the new queries (fused into the
+    split kernel it times, with no table kernel), SDPA after the PyTorch RoPE preamble and the flex translation
+    give the reference's attention, each within 4x PyTorch's own f32 error (SDPA's)."""
+    import attnfuse
+    from decode import ROPE_PROGRAM, launched, rope_positions, sdpa_lower_right
+
+    text = with_dtype(ROPE_PROGRAM, "f32")
+    program = analyze(find_functions(reference.parse_program(text))[0])
+    g = torch.Generator().manual_seed(10 + q_len)
+    q = torch.randn(2, 32, q_len, 128, generator=g)
+    k, v = (torch.randn(2, 8, 300, 128, generator=g) for _ in range(2))
+    pos = rope_positions(2, q_len, 300, "cpu")
+    assert pos.tolist() == [list(range(300 - q_len, 300))] * 2
+    args = [q, k, v, pos]
+    want = reference.run(text, *args)
+    rotate = qk_preamble(program, args, compile=False)  # type: ignore[arg-type]
+    torch_err = float((sdpa_lower_right(rotate(q, k)[0], k, v).double() - want).abs().max())
+    fn = attnfuse.compile(text)
+    for got in (fn(*args), flex_baseline(program, args, compile=False)(q, k, v)):  # type: ignore[arg-type]
+        assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6
+    kernels = set(launched(fn, args))  # one split kernel rotates the queries: no cos/sin table kernel
+    assert "rope_decode_split_kv_small" in kernels and not any("rope_table" in name for name in kernels)
+    unrotated = reference.run(with_dtype(PROGRAM_NO_ROPE, "f32"), q, k, v)
+    assert float((unrotated - want).abs().max()) > 100 * torch_err  # the rotation is not a no-op here
 
 
 def test_flex_baseline_packed_cross() -> None:

@@ -16,7 +16,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects.tile_types import element_type_of, is_float_type
 
 if TYPE_CHECKING:
-    from attnfuse.dialects.tile_builder import TileBuilder
+    from attnfuse.dialects.tile_builder import TileBuilder, Value
 
 
 class MathOps:
@@ -64,6 +64,14 @@ class MathOps:
 
     def cos(self: TileBuilder, x: SSAValue, *, name: str | None = None) -> SSAValue:
         return self._unary_float(xmath.CosOp, x, name)
+
+    def fma(self: TileBuilder, x: Value, y: Value, z: Value, *, name: str | None = None) -> SSAValue:
+        """`x * y + z` rounded once (`math.fma`; the Triton interpreter rounds twice),
+        broadcasting; floats only."""
+        a, b, c = self._unify(x, y, z)
+        if not is_float_type(element_type_of(a.type)):
+            raise TypeError(f"math.fma needs float operands, got {a.type}")
+        return self._emit(xmath.FmaOp(a, b, c), name)
 
     def abs(self: TileBuilder, x: SSAValue, *, name: str | None = None) -> SSAValue:
         if is_float_type(element_type_of(x.type)):

@@ -12,8 +12,10 @@ tiles. In a packed batch a program is one (sequence, q block) slot instead
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Attribute
@@ -79,6 +81,12 @@ class ForwardSpec:
     block_n: int | None = None
     rope_table: object = None
     """Builds a rope's cos/sin table (`RopeTables`); None evaluates cos/sin in the kernel."""
+    rope_table_unless: SSAValue | None = None
+    """A host predicate under which this kernel is not launched (the split-KV calls of
+    the forward kernel): the tables only it reads are not computed then."""
+    q_cos_sin_in_kernel: bool = False
+    """Evaluate Q's cos/sin in the kernel rather than read a table (split-KV kernels
+    rotate a few query rows once per program: cheaper than a table kernel's launch)."""
     fold_scale: bool = True
     """Carry the scale through the score chain (`ScoreChain.apply_scaled`) and apply it
     with log2(e) after the row max, in the multiply-add before exp2."""
@@ -96,6 +104,12 @@ class ForwardSpec:
     """(buffer, i32 flag): where the kernel also stores Q as its in-kernel transforms
     leave it (in Q's dtype), for the backward (`attnfuse.saved`), when the flag
     (`host.keeps_results`) is set; None: nowhere."""
+
+    def table_reader(self) -> Callable[..., SSAValue] | None:
+        """`rope_table` as this kernel's sides read it: under `rope_table_unless`."""
+        if self.rope_table is None or self.rope_table_unless is None:
+            return self.rope_table  # type: ignore[return-value]
+        return partial(self.rope_table, unless=self.rope_table_unless)  # type: ignore[arg-type]
 
 
 def _dims(value: SSAValue) -> tuple[int, ...]:
@@ -144,8 +158,9 @@ class ForwardKernel:
         self.lse_arg = sig.tensor("LSE", spec.lse) if spec.lse is not None else None
         self.q_saved_arg = sig.tensor("Q_saved", spec.q_saved[0]) if spec.q_saved is not None else None
         self.save_q_arg = sig.scalar("save_q", spec.q_saved[1]) if spec.q_saved is not None else None
-        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
-        self.q_side = SideTransforms(spec.q_transforms, side, "q")
+        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.table_reader())  # type: ignore[arg-type]
+        q_side = dataclasses.replace(side, rope_table=None) if spec.q_cos_sin_in_kernel else side
+        self.q_side = SideTransforms(spec.q_transforms, q_side, "q")
         self.k_side = SideTransforms(spec.k_transforms, side, "k")
         self.chain = ScoreChain(program.score_ops, sig, spec.host_table, spec.planned_masks,  # type: ignore[arg-type]
                                 spec.alibi_vectors)

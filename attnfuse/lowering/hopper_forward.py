@@ -152,7 +152,7 @@ class HopperForward(DeviceFunctions):
         assert spec.lse is not None
         self.lse_arg = sig.tensor("LSE", spec.lse)
         self.save_q_arg = sig.scalar("save_q", spec.q_saved[1]) if spec.q_saved is not None else None
-        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.rope_table)  # type: ignore[arg-type]
+        side = SideContext(sig, self.head_dim, spec.inv_freq, spec.table_reader())  # type: ignore[arg-type]
         self.q_side = SideTransforms(spec.q_transforms, side, "q")
         # The producer evaluates K's cos/sin once per tile and steps them from chunk to
         # chunk (fp32); a K rope alone rotates in the input dtype (packed two-lane

@@ -9,10 +9,11 @@ QK^T product is the sum of one dot per part, which is the same sum over head_dim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import TensorType, f32
+from xdsl.dialects.builtin import TensorType, f32, i32
 from xdsl.ir import Attribute, SSAValue
 
 from attnfuse.analysis.rope import RopeParams, yarn_attention_factor
@@ -218,7 +219,7 @@ class SideTransforms:
         i = b.arange(0, width)
         freq = b.load(freq_arg.ptr, b.mul(i, freq_arg.strides[0]), mask=b.lt(i, half), other=0.0)
         angle = b.mul(b.expand_dims(positions, 1), b.expand_dims(freq, 0), name="angle")
-        cos, sin = b.cos(angle, name="cos"), b.sin(angle, name="sin")
+        cos, sin = sin_cos(b, angle)
         if op.str_option("scaling") == "yarn":
             factor = _yarn_attention_factor(op)
             cos, sin = b.mul(cos, factor), b.mul(sin, factor)
@@ -248,6 +249,39 @@ class SideTransforms:
         if row_mask is None:
             return b.cast(b.load(ptr, offs), f32, name="pos")
         return b.cast(b.load(ptr, offs, mask=row_mask, other=0), f32, name="pos")
+
+
+_HALF_PI_PARTS = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
+"""pi / 2 in three parts (Cody-Waite): the first two have few significant bits, so
+`j * part` is exact for the quadrant counts of angles below about 10^4."""
+_SIN_COEFFS = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
+_COS_COEFFS = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
+"""Minimax polynomials of sin(r) / r - 1 and (cos(r) - 1 + r^2 / 2) / r^4 in r^2 on
+[-pi/4, pi/4] (Cephes `sinf` / `cosf`: about one ulp in f32)."""
+
+
+def sin_cos(b: TileBuilder, angle: SSAValue) -> tuple[SSAValue, SSAValue]:
+    """(cos, sin) of an f32 tile without branches: `angle = j pi/2 + r`, |r| <= pi/4,
+    then polynomials in r and the quadrant `j mod 4`. `tl.cos` / `tl.sin` (libdevice)
+    branch to a slow path for large arguments, and a kernel cannot issue its first K/V
+    loads across that branch: a decode step's split kernel that rotates its queries
+    waited for them (112 branches ahead of the first `cp.async` at sm_90)."""
+    j = b.floor(b.fma(angle, 2 / math.pi, 0.5), name="quadrant")
+    r = angle
+    for part in _HALF_PI_PARTS:
+        r = b.fma(j, -part, r)
+    z = b.mul(r, r, name="r2")
+    s = b.fma(b.fma(z, _SIN_COEFFS[0], _SIN_COEFFS[1]), z, _SIN_COEFFS[2])
+    s = b.fma(b.mul(s, z), r, r, name="sin_r")
+    c = b.fma(b.fma(z, _COS_COEFFS[0], _COS_COEFFS[1]), z, _COS_COEFFS[2])
+    c = b.fma(b.mul(c, z), z, b.fma(z, -0.5, 1.0), name="cos_r")
+    q = b.cast(j, i32)
+    odd = b.ne(b.and_(q, 1), 0)
+    sin = b.where(odd, c, s)
+    cos = b.where(odd, s, c)
+    sin = b.where(b.ne(b.and_(q, 2), 0), b.neg(sin), sin, name="sin")
+    cos = b.where(b.ne(b.and_(b.add(q, 1), 2), 0), b.neg(cos), cos, name="cos")
+    return cos, sin
 
 
 def tile_width(tile: SSAValue) -> int:

@@ -16,6 +16,10 @@ table[b, r, i + rd/2] = sin(pos(b, r) * inv_freq[i]) * f
 when the table has one slice per batch element). A table of `r + offset` positions
 covers `max(Sq, Skv)` rows so that Q and K ropes with equal parameters share it.
 
+A table that only kernels skipped under a predicate read (the forward kernel, whose
+decode calls run the split-KV kernels instead) is built under it too: its grid is
+`select(%decoding, 0, grid)`, until a kernel that runs then asks for the same table.
+
 ```mlir
 host.launch @f_rope_table0[%grid_r, %one, %one] (%table, %inv_freq, %rows) : ...
 ```
@@ -56,15 +60,24 @@ class RopeTables:
         self.remap = remap or {}
         self.kernels: list[Operation] = []
         self._tables: dict[tuple[object, ...], SSAValue] = {}
+        self._skipped: dict[tuple[object, ...], tuple[SSAValue, SSAValue, SSAValue]] = {}
+        """Tables built under a predicate: (the select of their grid, the grid, the predicate)."""
         self._max_len: SSAValue | None = None
 
-    def __call__(self, op: RopeOp, dtype: Attribute) -> SSAValue:
-        """The host value of `op`'s table in `dtype` (launching its kernel on first use)."""
+    def __call__(self, op: RopeOp, dtype: Attribute, *, unless: SSAValue | None = None) -> SSAValue:
+        """The host value of `op`'s table in `dtype` (launching its kernel on first use;
+        `unless`: the reader does not run when it holds, nor need the table)."""
         positions = self.remap.get(op.positions, op.positions) if op.positions is not None else None
         key = (RopeParams.of(op), op.int_option("offset"), id(positions), dtype)
         if key not in self._tables:
             with self.host.unguarded():  # both paths of a guarded backward read it
-                self._tables[key] = self._build(op, positions, dtype)
+                self._tables[key] = self._build(key, op, positions, dtype, unless)
+        elif key in self._skipped and unless is not self._skipped[key][2]:
+            selected, grid, _ = self._skipped.pop(key)  # another reader: built whenever it runs
+            selected.replace_all_uses_with(grid)
+            assert isinstance(selected.owner, Operation)
+            selected.owner.detach()
+            selected.owner.erase()
         return self._tables[key]
 
     def _rows(self, positions: SSAValue | None) -> tuple[SSAValue, SSAValue | None]:
@@ -79,7 +92,8 @@ class RopeTables:
             return host.emit(DimOp(positions, 0), "rope_rows"), None
         return host.emit(DimOp(positions, 1), "rope_rows"), host.emit(DimOp(positions, 0), "rope_batch")
 
-    def _build(self, op: RopeOp, positions: SSAValue | None, dtype: Attribute) -> SSAValue:
+    def _build(self, key: tuple[object, ...], op: RopeOp, positions: SSAValue | None, dtype: Attribute,
+               unless: SSAValue | None) -> SSAValue:
         host = self.host
         rows, slices = self._rows(positions)
         rd = op.rotary_width()
@@ -89,8 +103,12 @@ class RopeTables:
         kernel, operands = build_table_kernel(name, op, table, rows, self.inv_freq, self.remap)
         self.kernels.append(kernel)
         one = host.const(1, "one")
-        grid = [host.cdiv(rows, ROWS_PER_PROGRAM, "rope_grid"), one if slices is None else slices, one]
-        host.launch(name, grid, operands)
+        grid_r = host.cdiv(rows, ROWS_PER_PROGRAM, "rope_grid")
+        if unless is not None:
+            selected = host.emit(arith.SelectOp(unless, host.const(0), grid_r), "rope_grid_used")
+            self._skipped[key] = (selected, grid_r, unless)
+            grid_r = selected
+        host.launch(name, [grid_r, one if slices is None else slices, one], operands)
         return table
 
 

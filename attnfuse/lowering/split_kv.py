@@ -224,14 +224,23 @@ class SplitKVPath:
         return host.emit(arith.SelectOp(self.decoding, host.const(0), grid), name)
 
 
-def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: str, one: SSAValue) -> SplitKVPath:
-    """Emit the host code of the split-KV path and build its two kernels."""
+def decoding_calls(host: HostCode, q_len: SSAValue, plan: SplitKVAttr) -> tuple[SSAValue, SSAValue]:
+    """(packed rows `Sq * G`, the predicate of the calls that take the split-KV path:
+    their packed rows fit the plan's tile). The forward kernel's launch, and the RoPE
+    tables only it reads, are skipped under it."""
+    packed_rows = host.mul(q_len, plan.group.data, "packed_rows")
+    return packed_rows, host.emit(arith.CmpiOp(packed_rows, host.const(plan.rows.data), "sle"), "decoding")
+
+
+def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: str, one: SSAValue,
+                   calls: tuple[SSAValue, SSAValue]) -> SplitKVPath:
+    """Emit the host code of the split-KV path and build its kernels; `calls`:
+    `decoding_calls`."""
     hq, hk, _ = spec.program.heads
     online = spec.program.online
     assert online is not None and spec.lse is not None
     rows, block_n = plan.rows.data, plan.block_n.data
-    packed_rows = host.mul(spec.q_len, plan.group.data, "packed_rows")
-    decoding = host.emit(arith.CmpiOp(packed_rows, host.const(rows), "sle"), "decoding")
+    packed_rows, decoding = calls
     splits, blocks_per_split = _split_count(host, spec, plan)
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
@@ -294,11 +303,13 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
 
 def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool) -> ForwardSpec:
     """The forward spec of the split kernel with tiles of `rows` packed rows (`short`:
-    at the pipeline depth of a contiguous cache)."""
+    at the pipeline depth of a contiguous cache). It rotates its few query rows with
+    cos/sin evaluated in the kernel (a table would cost a launch per decode step), and
+    reads K's tables on every call it runs."""
     online = spec.program.online
     assert online is not None
     return dataclasses.replace(
-        spec, block_m=rows, block_n=block_n, block_map=None,
+        spec, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
         num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n, paged_depth=not short),
@@ -370,4 +381,4 @@ def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
     return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
 
 
-__all__ = ["SplitKVPath", "SplitKernel", "lower_split_kv", "split_stages", "split_warps"]
+__all__ = ["SplitKVPath", "SplitKernel", "decoding_calls", "lower_split_kv", "split_stages", "split_warps"]

@@ -70,7 +70,7 @@ from attnfuse.lowering.paged import PagedKV
 from attnfuse.lowering.prekernel import ROWS_PER_PROGRAM, build_prekernel
 from attnfuse.lowering.rope_table import RopeTables
 from attnfuse.lowering.simplify import simplify_kernels
-from attnfuse.lowering.split_kv import lower_split_kv
+from attnfuse.lowering.split_kv import decoding_calls, lower_split_kv
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, check_tile_rows, kv_stages
 from attnfuse.lowering.varlen import PackedHost
 from attnfuse.program import AttentionProgram, ProgramError, analyze, find_functions
@@ -245,6 +245,7 @@ class LowerToTilePass(ModulePass):
             # stored only by calls that keep it (not by eager inference, which drops it)
             q_saved = (host.alloc(q.type, {0: batch, 2: q_len}, "q_transformed"),
                        host.emit(KeepsResultsOp(), "keeps_results"))
+        split_calls = decoding_calls(host, q_len, online.split_kv) if online.split_kv is not None else None
         spec = ForwardSpec(
             program=program, q=q_in, k=k_in, v=v, out=out, lse=lse, batch=batch, q_len=q_len,
             kv_len=kv_len, q_transforms=in_kernel_transforms(program.q.transforms),
@@ -253,7 +254,8 @@ class LowerToTilePass(ModulePass):
             num_warps=self.num_warps or default_num_warps(program, block_m, online.plan.block_n.data, f32_dot),
             num_stages=self.num_stages or pipeline_stages(
                 program, online, k_in_kernel=bool(in_kernel_transforms(program.k.transforms)), f32_dot=f32_dot),
-            launch={"role": StringAttr("forward")}, rope_table=tables, fold_scale=self.fold_scale,
+            launch={"role": StringAttr("forward")}, rope_table=tables,
+            rope_table_unless=None if split_calls is None else split_calls[1], fold_scale=self.fold_scale,
             packed=packed.rows("q", block_m, (q_in, out, lse), (k_in, v)) if packed else None,
             alibi_vectors=self.alibi_vectors, f32_dot=f32_dot, paged=paged,
             kv_lens=None if lens is None else args[program.arg(lens)], q_saved=q_saved,
@@ -269,7 +271,8 @@ class LowerToTilePass(ModulePass):
         if online.split_kv is not None:
             # Split-KV runs for Sq * group <= its rows, hopper-forward for Sq % 128 == 0:
             # never both in one shape class (and neither for packed batches).
-            split = lower_split_kv(host, spec, online.split_kv, fname, one)
+            assert split_calls is not None
+            split = lower_split_kv(host, spec, online.split_kv, fname, one, split_calls)
             kernels.extend(split.kernels)
             grid_m = split.unless_decoding(host, grid_m, "grid_m")
         if tables is not None:
