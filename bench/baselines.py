@@ -161,8 +161,18 @@ def _mask_mod(program: AttentionProgram, args: Sequence[Any], sq: int, skv: int,
 
 
 def flex_baseline(program: AttentionProgram, args: Sequence[Any], *, compile: bool = True) -> Callable[..., torch.Tensor]:
-    """`fn(q, k, v) -> out` equal to `program` on `args` (its other operands fixed)."""
+    """`fn(q, k, v) -> out` equal to `program` on `args` (its other operands fixed).
+
+    With `compile`, dynamo's caches are cleared first (`torch._dynamo.reset()`, which
+    also drops other compiled functions' caches: they recompile on their next call), so
+    the baseline compiles for its own static shapes. A process that built baselines for
+    other shapes or programs before reused their caches: dynamo recompiled with dynamic
+    sizes, or ran eagerly past its recompile limit, and `bench/decode.py` measured flex
+    up to 6x slower than a fresh compile and 0.05-0.3 off SDPA (run 37)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if compile:
+        torch._dynamo.reset()
 
     if program.dropout is not None:
         raise Unsupported("flex_attention has no dropout")

@@ -160,6 +160,13 @@ def launched(fn: attnfuse.api.AttentionFunction, args: list[torch.Tensor]) -> di
     return {} if plan is None else {s.meta.name: s.grid[0] for s in plan.steps if hasattr(s, "meta")}
 
 
+def _error_text(exc: BaseException) -> str:
+    """An exception's type, its message's start and its end (where a compile worker's
+    traceback puts the cause)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 900 else f"{text[:300]} [...] {text[-600:]}"
+
+
 def _ms(fn: Callable[[], Any]) -> float:
     import triton.testing
 
@@ -215,12 +222,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if sq > 1:
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
-                    if flex:
-                        # Each row compiles flex_attention afresh, for its static shapes:
-                        # with the compile caches of earlier rows, dynamo recompiled with
-                        # dynamic shapes or fell back to eager after its recompile limit
-                        # (run 37: times 1.4-6x apart at one shape, answers 0.05-0.3 off SDPA).
-                        torch._dynamo.reset()
+                    if flex:  # compiled afresh for this row's shapes (`flex_baseline`)
                         flex_fn = flex_baseline(program, [q, k, v])
                         impls["flex"] = lambda: flex_fn(q, k, v)
                     want_rope: torch.Tensor | None = None
@@ -249,7 +251,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                             if kernels:
                                 row[f"{name}_kernel_us"] = kernel_times(call, 20)
                         except Exception as exc:  # reported, never hidden
-                            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                            row[f"{name}_error"] = _error_text(exc)
                     row["attnfuse_kernels"] = launched(fn, [q, k, v])
                     if paged is not None:
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
