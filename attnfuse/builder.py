@@ -198,14 +198,17 @@ class ProgramBuilder:
              low_freq_factor: float | None = None, high_freq_factor: float | None = None,
              original_max_position: int | None = None, beta_fast: float | None = None,
              beta_slow: float | None = None, truncate: int | None = None, attention_factor: float | None = None,
-             placement: str | None = None, positions: bool = False, on: str = "qk") -> ProgramBuilder:
+             placement: str | None = None, positions: bool = False, align: str | None = None,
+             on: str = "qk") -> ProgramBuilder:
         """Rotary embedding of Q and/or K (`attn.rope`, options as in docs/dialect.md);
-        `positions=True` adds a `[B, S]` int32 position-ids argument `pos`, shared by both sides."""
+        `positions=True` adds a `[B, S]` int32 position-ids argument `pos`, shared by both
+        sides; `align="bottom_right"` (with `on="q"`) puts the queries at the end of the
+        keys, as a decode step's new tokens."""
         options = _options(RopeOp, {
             "theta": theta, "style": style, "rotary_dim": rotary_dim, "offset": offset, "scaling": scaling,
             "factor": factor, "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
             "original_max_position": original_max_position, "beta_fast": beta_fast, "beta_slow": beta_slow,
-            "truncate": truncate, "attention_factor": attention_factor, "placement": placement})
+            "truncate": truncate, "attention_factor": attention_factor, "placement": placement, "align": align})
         pos = _Operand("pos", TensorType(i32, [DYNAMIC, DYNAMIC])) if positions else None
         return self._add(*(_Step(RopeOp, side, options, keyword_operand=pos) for side in self._sides_of(on)))
 

@@ -196,6 +196,11 @@ def analyze(function: func.FuncOp) -> AttentionProgram:
         lse_index=lse_index,
     )
     program.v_arg = program.arg(v_value)
+    for op in program.k.transforms:
+        if isinstance(op, RopeOp) and op.bottom_right():
+            raise ProgramError(
+                'attn.rope align = "bottom_right" places queries at the end of the keys: it applies '
+                "to Q's rope, not K's", op)
     return program
 
 

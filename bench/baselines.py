@@ -86,6 +86,11 @@ def _transform(x: torch.Tensor, ops: Sequence[RopeOp | QKNormOp], program: Atten
             positions = (args[program.arg(op.positions)] if op.positions is not None
                          else packed_positions + op.int_option("offset") if packed_positions is not None
                          else torch.arange(x.shape[2], device=x.device) + op.int_option("offset"))
+            if op.bottom_right():  # the queries end where the keys end (decode)
+                keys = args[program.k.arg_index].shape[2]
+                if program.scores.kv_lens is not None:
+                    raise Unsupported('align = "bottom_right" on a cache with kv_lens has no baseline here')
+                positions = positions + (keys - x.shape[2])
             x = _rope(x, op, positions)
     return x
 

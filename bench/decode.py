@@ -20,7 +20,8 @@ Skv: what a preallocated serving cache costs over plain contiguous K/V,
 queries (`ROPE_PROGRAM`: Llama-3's rotation at positions `Skv - Sq + i`, the cache's keys
 already rotated): AttnFuse rotates them inside the split kernel, SDPA and flex run a
 compiled PyTorch RoPE first (`baselines.qk_preamble`), as a model does (`<impl>_rope_*`,
-ratios `rope_vs_*`). JSON and a markdown table under --out:
+ratios `rope_vs_*`), and the same rope aligned bottom-right, with no positions operand
+(`ROPE_END_PROGRAM`, `attnfuse_rope_end_*`). JSON and a markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
                            [--pipeline P] [--no-baseline-pipeline] [--page-size 16] [--graphs] [--no-flex]
@@ -97,6 +98,20 @@ func.func @rope_decode(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
 }
 """
 """`PROGRAM` with Llama-3's RoPE on the new queries at their positions `pos` ([B, Sq])."""
+
+ROPE_END_PROGRAM = """
+func.func @rope_end(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>,
+                    %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
+  %qr = attn.rope %q {theta = 500000.0, scaling = "llama3", factor = 8.0, align = "bottom_right"} : tensor<?x32x?x128xbf16>
+  %s = attn.scores %qr, %k : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<?x32x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x32x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x32x?x?xf32> -> !attn.probs<?x32x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x32x?x?xf32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+"""
+"""`ROPE_PROGRAM` with the rope aligned bottom-right: no positions operand, each query
+rotated at `Skv - Sq + i` in the kernel."""
 
 
 def rope_positions(batch: int, q_len: int, kv_len: int, device: str) -> torch.Tensor:
@@ -191,6 +206,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
         on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
     fn = attnfuse.compile(PROGRAM, pipeline=pipeline)
     rope_fn = attnfuse.compile(ROPE_PROGRAM, pipeline=pipeline) if rope else None
+    rope_end_fn = attnfuse.compile(ROPE_END_PROGRAM, pipeline=pipeline) if rope else None
     rope_program = analyze(find_functions(reference.parse_program(ROPE_PROGRAM))[0]) if rope else None
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
@@ -233,6 +249,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         if sq > 1:
                             impls["sdpa_gqa_mask_rope"] = lambda: masked(rotate(q, k)[0], k, v)
                         impls["attnfuse_rope"] = lambda: rope_fn(q, k, v, pos)
+                        assert rope_end_fn is not None
+                        impls["attnfuse_rope_end"] = lambda: rope_end_fn(q, k, v)
                         if flex:
                             flex_rope = flex_baseline(rope_program, [q, k, v, pos])
                             impls["flex_rope"] = lambda: flex_rope(q, k, v)
@@ -241,7 +259,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                             got = call()
                             if name == "sdpa_rope":
                                 want_rope = got
-                            against = want_rope if name.endswith("_rope") else want
+                            against = want_rope if name.endswith(("_rope", "_rope_end")) else want
                             if against is not None:
                                 row[f"{name}_max_diff_vs_sdpa"] = float((got.float() - against.float()).abs().max())
                             del got, against
@@ -319,11 +337,12 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     if any("attnfuse_rope_graph_ms" in r for r in rows):
         lines += ["", "With RoPE on the new queries (AttnFuse fused; SDPA and flex after a compiled RoPE), CUDA graphs, "
-                  "ms per call:", "", "| B | Skv | Sq | AttnFuse | SDPA (best) | flex | vs SDPA | vs flex |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "ms per call:", "", "| B | Skv | Sq | AttnFuse | aligned, no positions | SDPA (best) | flex | vs SDPA "
+                  "| vs flex |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             cell = [f"{r[k]:.4f}" if k in r else "err" for k in
-                    ("attnfuse_rope_graph_ms", "sdpa_best_rope_graph_ms", "flex_rope_graph_ms")]
+                    ("attnfuse_rope_graph_ms", "attnfuse_rope_end_graph_ms", "sdpa_best_rope_graph_ms",
+                     "flex_rope_graph_ms")]
             ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_rope_vs_sdpa", "graph_rope_vs_flex")]
             lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     return [*lines, "", "Eager calls (do_bench), ms per call:", ""]

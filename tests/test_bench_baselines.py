@@ -117,10 +117,10 @@ def test_decode_bench_lens_rows() -> None:
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_decode_bench_rope_rows(q_len: int) -> None:
     """bench/decode.py --rope: the program with RoPE on the new queries (fused into the
-    split kernel it times, with no table kernel), SDPA after the PyTorch RoPE preamble and the flex translation
+    split kernel it times, with no table kernel), its form aligned bottom-right, SDPA after the PyTorch RoPE preamble and the flex translation
     give the reference's attention, each within 4x PyTorch's own f32 error (SDPA's)."""
     import attnfuse
-    from decode import ROPE_PROGRAM, launched, rope_positions, sdpa_lower_right
+    from decode import ROPE_END_PROGRAM, ROPE_PROGRAM, launched, rope_positions, sdpa_lower_right
 
     text = with_dtype(ROPE_PROGRAM, "f32")
     program = analyze(find_functions(reference.parse_program(text))[0])
@@ -135,6 +135,12 @@ def test_decode_bench_rope_rows(q_len: int) -> None:
     torch_err = float((sdpa_lower_right(rotate(q, k)[0], k, v).double() - want).abs().max())
     fn = attnfuse.compile(text)
     for got in (fn(*args), flex_baseline(program, args, compile=False)(q, k, v)):  # type: ignore[arg-type]
+        assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6
+    end_text = with_dtype(ROPE_END_PROGRAM, "f32")  # the same rope aligned bottom-right: no positions
+    end_program = analyze(find_functions(reference.parse_program(end_text))[0])
+    assert torch.equal(reference.run(end_text, q, k, v), want)
+    for got in (attnfuse.compile(end_text)(q, k, v),
+                flex_baseline(end_program, [q, k, v], compile=False)(q, k, v)):  # type: ignore[arg-type]
         assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6
     kernels = set(launched(fn, args))  # one split kernel rotates the queries: no cos/sin table kernel
     assert "rope_decode_split_kv_small" in kernels and not any("rope_table" in name for name in kernels)

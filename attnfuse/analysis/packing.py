@@ -59,6 +59,10 @@ def packed_batch(program: AttentionProgram) -> PackedBatch | None:
             raise ProgramError(
                 "attn.rope positions: in a packed batch positions restart at 0 in every sequence "
                 "(add `offset` for a shift); a positions operand is not supported there", op)
+        if isinstance(op, RopeOp) and op.bottom_right():
+            raise ProgramError(
+                'attn.rope align = "bottom_right" is not supported on a packed batch (positions '
+                "restart at 0 in every sequence; add `offset` for a shift)", op)
     reject_padded_batch_ops(program, "in a packed batch", document_note=" (cu_seqlens already keep sequences apart)")
     return packed
 

@@ -18,9 +18,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from attnfuse.dialects.attn import RopeOp
 
-__all__ = ["RopeParams", "inverse_frequencies", "rope_inverse_frequencies", "yarn_attention_factor"]
+if TYPE_CHECKING:
+    from attnfuse.program import AttentionProgram
+
+__all__ = ["NO_BACKWARD_BOTTOM_RIGHT", "RopeParams", "bottom_right_rope", "inverse_frequencies",
+           "rope_inverse_frequencies", "yarn_attention_factor"]
+
+NO_BACKWARD_BOTTOM_RIGHT = (
+    'a Q rope with align = "bottom_right" is for decoding: lower-backward builds no backward for it '
+    "(give positions instead to train)")
+"""Why a program whose Q rope is aligned bottom-right has no gradient."""
+
+
+def bottom_right_rope(program: AttentionProgram) -> RopeOp | None:
+    """The program's Q rope aligned bottom-right (`align = "bottom_right"`), or None."""
+    return next((t for t in program.q.transforms if isinstance(t, RopeOp) and t.bottom_right()), None)
 
 
 @dataclass(frozen=True)

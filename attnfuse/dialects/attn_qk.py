@@ -36,11 +36,15 @@ PLACEMENT = Option(
 class RopeOp(AttnSyntaxOp):
     """Rotary position embedding of Q or K over head_dim.
 
-    Positions are `index + offset`, or an explicit `positions` operand (`[S]` or `[B, S]`).
+    Positions are `index + offset`, or an explicit `positions` operand (`[S]` or `[B, S]`);
+    with `align = "bottom_right"` (Q only) the queries are the last of the keys they
+    attend to: query `i` of sequence `b` is at `kv_len(b) - Sq + i + offset`, `kv_len(b)`
+    being the scores op's `Skv` or `kv_lens[b]` (a decode step's new tokens).
 
     ```mlir
     %qr = attn.rope %q {theta = 500000.0, scaling = "llama3", factor = 8.0} : tensor<?x32x?x128xbf16>
     %kr = attn.rope %k positions %pos {style = "interleaved"} : tensor<?x8x?x64xf16>, tensor<?x?xi32>
+    %qd = attn.rope %q {theta = 500000.0, align = "bottom_right"} : tensor<?x32x?x128xbf16>
     ```
     """
 
@@ -52,6 +56,7 @@ class RopeOp(AttnSyntaxOp):
     style = opt_prop_def(StringAttr)
     rotary_dim = opt_prop_def(IntegerAttr)
     offset = opt_prop_def(IntegerAttr)
+    align = opt_prop_def(StringAttr)
     scaling = opt_prop_def(StringAttr)
     factor = opt_prop_def(FloatAttr)
     low_freq_factor = opt_prop_def(FloatAttr)
@@ -71,6 +76,8 @@ class RopeOp(AttnSyntaxOp):
         Option("style", str, "half", ("half", "interleaved"), "pair layout: Llama/HF or GPT-J"),
         Option("rotary_dim", int, None, doc="rotate only the first rotary_dim dims (even)"),
         Option("offset", int, 0, doc="added to the sequence index to form positions"),
+        Option("align", str, "top_left", ("top_left", "bottom_right"),
+               "positions from the sequence's start, or (Q) ending where the keys end"),
         Option("scaling", str, "none", ("none", "linear", "llama3", "yarn")),
         Option("factor", float, 1.0, doc="context-extension factor of the scaling"),
         Option("low_freq_factor", float, 1.0, doc="llama3 scaling"),
@@ -85,6 +92,10 @@ class RopeOp(AttnSyntaxOp):
 
     def head_dim(self) -> int:
         return qkv_shape(self.input.type, "rope input")[3]
+
+    def bottom_right(self) -> bool:
+        """Whether positions end where the keys end (`align = "bottom_right"`)."""
+        return self.str_option("align") == "bottom_right"
 
     def rotary_width(self) -> int:
         """Number of rotated dims (all of head_dim unless `rotary_dim` is given)."""
@@ -138,6 +149,8 @@ class RopeOp(AttnSyntaxOp):
             int_tensor(pos_type, "attn.rope positions", len(pos_type.get_shape()))
             if self.int_option("offset"):
                 raise VerifyException("attn.rope: give either positions or offset, not both")
+            if self.bottom_right():
+                raise VerifyException('attn.rope: give either positions or align = "bottom_right", not both')
 
 
 @irdl_op_definition

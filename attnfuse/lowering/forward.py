@@ -269,6 +269,14 @@ class ForwardKernel:
         self.coords = (batch, head, rows, q_len, kv_len)
         return pid_m, pid_bh, batch, head, kv_head, v_head, q_start, rows, row_ok
 
+    def _query_end(self) -> SSAValue | None:
+        """`kv_len - Sq` of the program's sequence (`coords`), where a bottom-right Q rope
+        puts query 0; None without one."""
+        if not self.q_side.bottom_right:
+            return None
+        q_len, kv_len = self.coords[3], self.coords[4]
+        return self.b.sub(kv_len, q_len, name="query_end")
+
     def _kv_length(self, batch: SSAValue, kv_len: SSAValue) -> SSAValue:
         """The keys of sequence `batch`: `kv_len`, or its `kv_lens` entry (a paged cache,
         or a contiguous one with lengths; at most `kv_len`, the cache's capacity)."""
@@ -295,7 +303,7 @@ class ForwardKernel:
         q_parts = load_parts(b, self.q_arg, q_base, rows, row_ok, self.layout)
         if self.spec.q_transforms:
             q32 = {r: b.cast(t, f32) for r, t in q_parts.items()}
-            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok, end=self._query_end())
             q_parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
         if self.q_saved_arg is not None and self.save_q_arg is not None:
             assert self.save_q_arg.value is not None

@@ -116,6 +116,8 @@ def ineligible_reason(spec: ForwardSpec) -> str | None:
             return f"a {side} rope that is not half-style over the whole head dim"
         if side == "K" and ropes and ropes[0].positions is not None:
             return "a K rope with a positions operand (the producer steps cos/sin from row to row)"
+        if ropes and ropes[0].bottom_right():
+            return "a bottom-right rope (its table rows would depend on the keys' length)"
     return None
 
 

@@ -131,10 +131,13 @@ class SideTransforms:
         self.positions: dict[int, TensorArg] = {}
         self.freqs: dict[int, TensorArg] = {}
         self.tables: dict[int, TensorArg] = {}
+        self.bottom_right = any(isinstance(op, RopeOp) and op.bottom_right() for op in transforms)
+        """A rope of this side is aligned bottom-right: `apply` needs `end`."""
+        self._end: SSAValue | None = None
         for n, op in enumerate(transforms):
             if isinstance(op, QKNormOp) and op.weight is not None:
                 self.weights[n] = ctx.sig.tensor(f"{prefix}_norm_w{n}", op.weight)
-            if isinstance(op, RopeOp) and ctx.rope_table is not None:
+            if isinstance(op, RopeOp) and ctx.rope_table is not None and not op.bottom_right():
                 element = ctx.table_type or op.output.type.element_type  # type: ignore[attr-defined]
                 self.tables[n] = ctx.sig.tensor(f"{prefix}_rope{n}", ctx.rope_table(op, element))
             elif isinstance(op, RopeOp):
@@ -145,10 +148,15 @@ class SideTransforms:
     def apply(
         self, b: TileBuilder, parts: dict[str, SSAValue], layout: tuple[Part, ...], rows: SSAValue,
         batch: Value, row_mask: SSAValue | None, cos_sin: tuple[SSAValue, SSAValue] | None = None,
+        end: SSAValue | None = None,
     ) -> dict[str, SSAValue]:
         """Apply the transforms, in order, to fp32 parts of rows `rows` ([R] i32);
         `row_mask` None: every row is in bounds. `cos_sin`: the rope's cos and sin, when
-        the caller has them (else they are read from its table or evaluated)."""
+        the caller has them (else they are read from its table or evaluated). `end`:
+        the position of row 0 under a bottom-right rope (`kv_len - Sq` of the
+        program's sequence; its cos/sin are evaluated here, never tabled)."""
+        assert end is not None or not self.bottom_right, "a bottom-right rope needs the keys' end"
+        self._end = end
         for n, op in enumerate(self.transforms):
             if isinstance(op, QKNormOp):
                 parts = self._qk_norm(b, n, op, parts, layout)
@@ -238,6 +246,9 @@ class SideTransforms:
     def _positions(
         self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue | None
     ) -> SSAValue:
+        if op.bottom_right():
+            assert self._end is not None
+            return b.cast(b.add(b.add(rows, self._end), op.int_option("offset")), f32, name="pos")
         if n not in self.positions:
             return b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
         pos_arg = self.positions[n]

@@ -179,7 +179,7 @@ class SplitKernel(ForwardKernel):
         if spec.q_transforms:
             dtype = self._dtype(spec.q)
             q32 = {r: b.cast(t, f32) for r, t in parts.items()}
-            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok)
+            q32 = self.q_side.apply(b, q32, self.layout, rows, batch, row_ok, end=self._query_end())
             parts = {r: b.cast(t, dtype, name=f"q_{r}") for r, t in q32.items()}
             if self.q_saved_arg is not None:
                 saved = self.q_saved_arg

@@ -35,6 +35,7 @@ from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis.paging import no_backward
+from attnfuse.analysis.rope import NO_BACKWARD_BOTTOM_RIGHT, bottom_right_rope
 from attnfuse.analysis.tile_plan import backward_block_sizes, resolve_f32_dot
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.lowering.backward import DkvOptions
@@ -131,7 +132,7 @@ class LowerBackwardPass(ModulePass):
             program = analyze(function)
             if program.online is None or program.online.tile_plan is None:
                 raise ProgramError("lower-backward runs after online-softmax and mask-tiling", program.scores)
-            reason = no_backward(program)
+            reason = no_backward(program) or (NO_BACKWARD_BOTTOM_RIGHT if bottom_right_rope(program) else None)
             if reason is not None:
                 # Inference only; asking such a program for a gradient reports this.
                 function.attributes["attnfuse.no_backward"] = StringAttr(reason)

@@ -22,6 +22,7 @@ with `strategy=hybrid` becomes
 %kr = attn.rope %k {theta = 500000.0, placement = "prekernel"} : tensor<?x8x?x128xbf16>
 ```
 Placements already written in the program are kept, which lets users pin one transform.
+A Q rope with `align = "bottom_right"` is always placed in the kernel.
 
 The kernel rotates Q and K in one column layout, so RoPEs of Q and K that differ in
 style or `rotary_dim` cannot both run in it: when a strategy would put both there
@@ -58,6 +59,18 @@ def choose_strategy(
     if program is None:
         raise ValueError("rope-fusion: the cost model needs the program to choose for a target")
     return model.choose(shape_of(program, seq_len, target=target), target)
+
+
+def _pin_bottom_right(side: Side) -> None:
+    """A Q rope aligned bottom-right runs in the attention kernel, which knows each
+    sequence's key count (`kv_lens[b]` of a cache); a pre-kernel does not."""
+    for op in side.transforms:
+        if isinstance(op, RopeOp) and op.bottom_right():
+            if op.str_option("placement") == "prekernel":
+                raise ProgramError(
+                    'attn.rope align = "bottom_right" runs in the attention kernel (its positions '
+                    "depend on the keys' length): it cannot be placed in a pre-kernel", op)
+            op.properties["placement"] = StringAttr("kernel")
 
 
 def _place(side: Side, placement: str) -> None:
@@ -137,6 +150,7 @@ class RopeFusionPass(ModulePass):
         for function in find_functions(op):
             program = analyze(function)
             strategy = choose_strategy(self.strategy, target, program, self.seq_len)
+            _pin_bottom_right(program.q)
             q_place = "prekernel" if strategy == "separate" else "kernel"
             k_place = "kernel" if strategy == "fused" else "prekernel"
             unpinned = {

@@ -157,13 +157,18 @@ def _expand_heads(x: torch.Tensor, heads: int, what: str) -> torch.Tensor:
 def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
     """Rotary embedding: see `attnfuse.reference.rope.apply_rope`.
 
-    Positions are `arange(S) + offset`, or the positions operand (`[S]` or `[B, S]`).
+    Positions are `arange(S) + offset`, or the positions operand (`[S]` or `[B, S]`), or
+    with `align = "bottom_right"` `kv_len(b) - S + arange(S) + offset` (`_keys_length`).
     """
     x = frame.tensor(op.input)
     batch, _, seq, _ = x.shape
     positions = frame.optional(op.positions)
     packed = frame.segments_of.get(op)
-    if packed is not None:  # a side of a packed batch: positions restart in every sequence
+    if op.bottom_right():
+        _require(packed is None, 'attn.rope: align = "bottom_right" is not defined on a packed batch')
+        start = _keys_length(op, frame).to(torch.int64) - seq + op.int_option("offset")
+        positions = start.view(-1, 1) + torch.arange(seq, dtype=torch.int64, device=x.device)
+    elif packed is not None:  # a side of a packed batch: positions restart in every sequence
         _require(positions is None, "attn.rope: positions are not defined on a packed batch")
         positions = _segments(frame.tensor(packed), seq, "attn.rope cu_seqlens").local + op.int_option("offset")
     elif positions is None:
@@ -179,6 +184,27 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
         )
     params = RopeParams.of(op)
     return (apply_rope(x, params, positions),)
+
+
+def _keys_length(rope: RopeOp, frame: Frame) -> torch.Tensor:
+    """The key count of each sequence ([B], or [1]) of the `attn.scores` whose Q `rope`
+    feeds: its `kv_lens`, else K's length."""
+    value: SSAValue = rope.output
+    while True:
+        users = [use.operation for use in value.uses]
+        scores = next((u for u in users if isinstance(u, ScoresOp) and u.q is value), None)
+        if scores is not None:
+            break
+        chain = next((u for u in users if isinstance(u, (RopeOp, QKNormOp))), None)
+        _require(chain is not None, 'attn.rope: align = "bottom_right" needs the rope to feed the Q of an attn.scores')
+        assert chain is not None
+        value = chain.output
+    if scores.kv_lens is not None:
+        return frame.tensor(scores.kv_lens).view(-1)
+    k = scores.k
+    while isinstance(k.owner, (RopeOp, QKNormOp)) and k not in frame.values:  # K's transforms keep its shape
+        k = k.owner.input
+    return torch.tensor([frame.tensor(k).shape[2]], dtype=torch.int64)
 
 
 @impl(QKNormOp)

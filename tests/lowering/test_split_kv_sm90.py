@@ -41,6 +41,8 @@ def program(hq: int, hkv: int, d: int, dtype: str, *, window: int | None = None,
 
 CASES = {
     "llama3_8b": program(32, 8, 128, "bf16", rope=True),
+    "llama3_8b_rope_at_cache_end": program(32, 8, 128, "bf16", rope=True).replace(
+        "{theta = 500000.0}", '{theta = 500000.0, align = "bottom_right"}'),
     "gpt_oss": program(64, 8, 64, "bf16", window=127, sinks=True),
     "mha_d256": program(16, 16, 256, "bf16"),
     "mqa_f32": program(16, 2, 128, "f32"),

@@ -33,11 +33,11 @@ func.func @f(%s: !attn.scores<?x8x?x?xf16>) {
 // unknown option
 func.func @f(%q: tensor<?x8x?x64xf16>) {
   %r = attn.rope %q {base = 10000.0} : tensor<?x8x?x64xf16>
-  // expected-error @above {{unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)}}
+  // expected-error @above {{unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, align, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)}}
   func.return
 }
 
-// CHECK:      attn_invalid.mlir:{{[0-9]+}}:22: error: unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:22: error: unknown option 'base' for attn.rope (known options: theta, style, rotary_dim, offset, align, scaling, factor, low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow, truncate, attention_factor, placement)
 // CHECK-NEXT: %r = attn.rope %q {base = 10000.0} : tensor<?x8x?x64xf16>
 // CHECK-NEXT: ^~~~~
 
@@ -442,6 +442,19 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xi32>) {
 
 // CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op give either positions or offset, not both
 // CHECK-NEXT: %r = attn.rope %q positions %p {offset = 5} : tensor<?x8x?x64xf16>, tensor<?xi32>
+// CHECK-NEXT: ^~~~~~~~~
+
+// -----
+
+// positions and align = "bottom_right"
+func.func @f(%q: tensor<?x8x?x64xf16>, %p: tensor<?xi32>) {
+  %r = attn.rope %q positions %p {align = "bottom_right"} : tensor<?x8x?x64xf16>, tensor<?xi32>
+  // expected-error @above {{'attn.rope' op give either positions or align = "bottom_right", not both}}
+  func.return
+}
+
+// CHECK:      attn_invalid.mlir:{{[0-9]+}}:8: error: 'attn.rope' op give either positions or align = "bottom_right", not both
+// CHECK-NEXT: %r = attn.rope %q positions %p {align = "bottom_right"} : tensor<?x8x?x64xf16>, tensor<?xi32>
 // CHECK-NEXT: ^~~~~~~~~
 
 // -----
