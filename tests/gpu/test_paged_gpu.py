@@ -78,6 +78,15 @@ def test_rope_at_cache_offset() -> None:
     check(llama3(rope=True), [8191, 100, 3000, 4], 4)
 
 
+@pytest.mark.parametrize(("q_len", "split"), [(4, True), (37, False)])
+def test_rope_aligned_at_each_sequence_end(q_len: int, split: bool) -> None:
+    """`align = "bottom_right"`, no positions operand: each sequence's queries rotated at
+    `kv_lens[b] - Sq + i` in the split kernel (decode) or the forward kernel (a chunk)."""
+    from test_rope_bottom_right import bottom_right
+
+    check(bottom_right(llama3(rope=True)), [8191, 100, 3000, 40], q_len, split=split)
+
+
 def test_gpt_oss_sinks_window() -> None:
     p = paged(64, 8, 64, dtype="bf16", page=16, sinks=True, score_ops=[
         CAUSAL, 'attn.mask sliding_window {x} {{align = "bottom_right", left = 127}} : {s}'])

@@ -87,6 +87,16 @@ def test_rope_at_cache_offset() -> None:
     check(llama3(rope=True), 4, 4, 8191)
 
 
+def test_rope_aligned_at_the_cache_end() -> None:
+    """`align = "bottom_right"`: the queries rotated at `Skv - Sq + i` in the split
+    kernel, with no positions operand (Llama-3 scaling, up to 128k positions)."""
+    b = Builder("decode_end", hq=32, hkv=8, d=128, dtype="bf16")
+    b.rope("q", theta=500000.0, scaling="llama3", factor=8.0, align="bottom_right")
+    p = b.mask("causal", **BR).build()
+    check(p, 4, 4, 8191)
+    check(p, 1, 1, 131072)
+
+
 def test_gpt_oss_sinks_window() -> None:
     b = Builder("gpt_oss", hq=64, hkv=8, d=64, dtype="bf16")
     p = b.mask("causal", **BR).mask("sliding_window", left=127, **BR).build(sinks=True)
