@@ -6,10 +6,8 @@ kernel that rotates its queries issues its first K/V loads with no branch ahead 
 from __future__ import annotations
 
 import math
-import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +21,6 @@ from attnfuse.lowering.qk_side import sin_cos
 from attnfuse.runtime.loader import load_kernels
 
 N = 1024
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    old = os.environ.get("ATTNFUSE_CACHE_DIR")
-    os.environ["ATTNFUSE_CACHE_DIR"] = str(tmp_path_factory.mktemp("attnfuse_cache"))
-    yield
-    if old is None:
-        del os.environ["ATTNFUSE_CACHE_DIR"]
-    else:
-        os.environ["ATTNFUSE_CACHE_DIR"] = old
 
 
 def _run(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
