@@ -6,7 +6,9 @@ the last `Sq` positions. Per (B, Skv, Sq): GPU time per call (`do_bench` median)
 AttnFuse with the default pipeline (split-KV decoding, docs/inference.md; the split
 count and the kernels its launch plan runs are recorded), AttnFuse without `split-kv`
 (one program per query block and head, what ran before), SDPA and compiled
-flex_attention (`bench/baselines.py`), the max difference to SDPA, and ratios. SDPA is
+flex_attention (`bench/baselines.py`), FlashAttention's `flash_attn_with_kvcache` where
+`flash_attn` is installed (`flash_kvcache_*`, `vs_flash`; the JSON's `flash_attn` gives
+its version or null), the max difference to SDPA, and ratios. SDPA is
 timed as `causal_lower_right` with K/V repeated to the query heads (its causal-bias path
 takes no `enable_gqa`) and, for Sq > 1, also with an explicit lower-right boolean mask
 and `enable_gqa=True`; `vs_sdpa` compares with the faster of the two (no mask for
@@ -155,6 +157,27 @@ def sdpa_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def flash_kvcache() -> Callable[..., torch.Tensor] | None:
+    """FlashAttention's `flash_attn_with_kvcache` where the `flash_attn` package is
+    installed, else None (the baseline is then left out and the JSON says so)."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_with_kvcache  # type: ignore[no-any-return]
+
+
+def flash_kvcache_call(fa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """`fn() -> out [B, H, Sq, D]`: `fa` on [B, S, H, D] copies of q, k and v (made here,
+    outside the timed call, as a serving engine keeps its cache in that layout), every
+    sequence's cache full (`cache_seqlens = Skv`), causal (FlashAttention aligns it
+    bottom-right when Sq < Skv), GQA native."""
+    q_bshd, k_bshd, v_bshd = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    lens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+    return lambda: fa(q_bshd, k_bshd, v_bshd, cache_seqlens=lens, causal=True).transpose(1, 2)
+
+
 def sdpa_gqa_mask(q_len: int, kv_len: int, device: str) -> Callable[..., torch.Tensor]:
     """SDPA with `enable_gqa` and the lower-right causal mask as a boolean tensor (no
     repeated K/V; SDPA picks a backend that takes masks)."""
@@ -211,6 +234,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
     unsplit = attnfuse.compile(PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     paged = attnfuse.compile(PAGED_PROGRAM, pipeline=pipeline, params={"page": page_size}) if page_size else None
     with_lens = attnfuse.compile(LENS_PROGRAM, pipeline=pipeline)
+    fa = flash_kvcache()
     program = analyze(find_functions(reference.parse_program(PROGRAM))[0])
     rows: list[dict[str, Any]] = []
     for b in batches:
@@ -235,6 +259,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                         impls["attnfuse_paged"] = lambda: paged(q, *cache)
                     lens = torch.full((b,), skv, dtype=torch.int32, device="cuda")
                     impls["attnfuse_lens"] = lambda: with_lens(q, k, v, lens)
+                    if fa is not None:
+                        impls["flash_kvcache"] = flash_kvcache_call(fa, q, k, v)
                     if sq > 1:
                         masked = sdpa_gqa_mask(sq, skv, "cuda")
                         impls["sdpa_gqa_mask"] = lambda: masked(q, k, v)
@@ -299,7 +325,8 @@ def _ratios(row: dict[str, Any], ms: str, prefix: str, suffix: str = "") -> None
     if ours is None:
         return
     head = prefix + suffix.lstrip("_") + ("_" if suffix else "")
-    for other, impl in (("sdpa", "sdpa_best"), ("flex", "flex"), ("no_split", "attnfuse_no_split")):
+    for other, impl in (("sdpa", "sdpa_best"), ("flex", "flex"), ("no_split", "attnfuse_no_split"),
+                        ("flash", "flash_kvcache")):
         if f"{impl}{suffix}_{ms}" in row:
             row[f"{head}vs_{other}"] = row[f"{impl}{suffix}_{ms}"] / ours
     for form in ("paged", "lens") if not suffix else ():
@@ -348,6 +375,15 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, "", "Eager calls (do_bench), ms per call:", ""]
 
 
+def _flash_attn_version() -> str | None:
+    """The installed flash_attn's version (its baseline rows `flash_kvcache_*`), or None."""
+    try:
+        import flash_attn
+    except ImportError:
+        return None
+    return str(getattr(flash_attn, "__version__", "unknown"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -374,7 +410,7 @@ def main() -> None:
     def write(rows: list[dict[str, Any]]) -> None:  # after every row: a cut-short run keeps what it measured
         (args.out / "decode.json").write_text(json.dumps(
             {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "page_size": args.page_size,
-             "rows": rows}, indent=1))
+             "flash_attn": _flash_attn_version(), "rows": rows}, indent=1))
         (args.out / "decode.md").write_text(summary(rows))
 
     rows = run(ints(args.batches), ints(args.kv), ints(args.sq), args.pipeline, baseline, args.page_size,

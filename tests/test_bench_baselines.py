@@ -148,6 +148,34 @@ def test_decode_bench_rope_rows(q_len: int) -> None:
     assert float((unrotated - want).abs().max()) > 100 * torch_err  # the rotation is not a no-op here
 
 
+def test_decode_bench_flash_kvcache_call() -> None:
+    """bench/decode.py's FlashAttention baseline hands `flash_attn_with_kvcache` [B, S, H,
+    D] tensors, full cache lengths and `causal=True`, and reads its output back as
+    [B, H, Sq, D]: checked with a stand-in of that function (FlashAttention's contract:
+    causal aligned bottom-right, GQA by head groups) against the decode reference."""
+    from decode import PROGRAM, flash_kvcache, flash_kvcache_call
+
+    def stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cache_seqlens: torch.Tensor,
+                 causal: bool) -> torch.Tensor:
+        assert causal and cache_seqlens.tolist() == [k.shape[1]] * k.shape[0] and q.shape[2] == 32
+        group = q.shape[2] // k.shape[2]
+        q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
+        i, j = torch.arange(q.shape[1])[:, None], torch.arange(k.shape[1])[None, :]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q_, k_.repeat_interleave(group, 1), v_.repeat_interleave(group, 1), attn_mask=j <= i + k.shape[1] - q.shape[1])
+        return out.transpose(1, 2)
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 32, 3, 128, generator=g)
+    k, v = (torch.randn(2, 8, 37, 128, generator=g) for _ in range(2))
+    want = reference.run(with_dtype(PROGRAM, "f32"), q, k, v)
+    assert float((flash_kvcache_call(stand_in, q, k, v)().double() - want).abs().max()) < 1e-4
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        assert flash_kvcache() is None
+
+
 def test_flex_baseline_packed_cross() -> None:
     """A packed batch with more keys than queries per sequence: flex's document masking
     with positions within each sequence, bottom-right bands and ALiBi distances."""
