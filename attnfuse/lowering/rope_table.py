@@ -4,8 +4,9 @@ A kernel that rotates Q or K tiles itself (the `fused` placement, and Q under `h
 reads `cos` and `sin` from a table instead of evaluating them: the attention kernel
 rotates each K tile once per q block that visits it, and evaluating cos/sin there
 (libdevice's, measured) cost several times the attention itself. The table kernel
-evaluates them once per position (`qk_side.sin_cos`), in fp32 with the yarn factor folded in, and stores them in the side's element
-type (as PyTorch RoPE implementations apply bf16 cos/sin to bf16 inputs):
+evaluates them once per position (`qk_side.sin_cos`), in fp32 with the yarn factor
+folded in, and stores them in the side's element type (as PyTorch RoPE implementations
+apply bf16 cos/sin to bf16 inputs):
 
 ```
 table[b, r, i]        = cos(pos(b, r) * inv_freq[i]) * f     for i < rotary_dim / 2

@@ -113,6 +113,23 @@ def test_rope_static_offset_and_qk_norm() -> None:
     check_decode(p, 2, 4, 37, exact_lse=False)
 
 
+def test_decode_calls_run_no_rope_table() -> None:
+    """The split kernels evaluate the queries' cos/sin themselves: a decode call of a
+    program rotating Q at given positions runs no table kernel, its prefill calls do
+    (the forward kernel reads the table; a table without a positions operand is built
+    once per launch plan instead, and one Q shares with K is read by the split kernel's
+    K tiles: `test_rope_static_offset_and_qk_norm`)."""
+    b = causal()
+    pos = b.arg("pos", "tensor<?x?xi32>", _cache_positions(2))
+    program = b.rope("q", positions=pos, theta=10000.0).mask("causal", **BR).build()
+    fn = compile_split(program.text, "fused", "")
+    for q_len, table in ((1, False), (4, False), (40, True)):
+        args = program.inputs(2, q_len, 45, 0)
+        fn(*args)
+        ran = launches(fn, args)
+        assert any("rope_table" in name for name in ran) == table, (q_len, ran)
+
+
 # ============================================================================ score ops
 
 
