@@ -136,6 +136,8 @@ def test_decode_bench_rope_rows(q_len: int) -> None:
     fn = attnfuse.compile(text)
     for got in (fn(*args), flex_baseline(program, args, compile=False)(q, k, v)):  # type: ignore[arg-type]
         assert float((got.double() - want).abs().max()) <= 4 * torch_err + 1e-6
+    lens, steps = torch.full((2,), 300, dtype=torch.int32), torch.arange(q_len, dtype=torch.int32)
+    assert torch.equal(fn(q, k, v, lens[:, None] - q_len + steps), fn(*args))  # the bench's per-call positions
     end_text = with_dtype(ROPE_END_PROGRAM, "f32")  # the same rope aligned bottom-right: no positions
     end_program = analyze(find_functions(reference.parse_program(end_text))[0])
     assert torch.equal(reference.run(end_text, q, k, v), want)
