@@ -166,7 +166,7 @@ def run_rope(op: RopeOp, frame: Frame) -> tuple[Value, ...]:
     packed = frame.segments_of.get(op)
     if op.bottom_right():
         _require(packed is None, 'attn.rope: align = "bottom_right" is not defined on a packed batch')
-        start = _keys_length(op, frame).to(torch.int64) - seq + op.int_option("offset")
+        start = _keys_length(op, frame).to(device=x.device, dtype=torch.int64) - seq + op.int_option("offset")
         positions = start.view(-1, 1) + torch.arange(seq, dtype=torch.int64, device=x.device)
     elif packed is not None:  # a side of a packed batch: positions restart in every sequence
         _require(positions is None, "attn.rope: positions are not defined on a packed batch")
@@ -204,7 +204,8 @@ def _keys_length(rope: RopeOp, frame: Frame) -> torch.Tensor:
     k = scores.k
     while isinstance(k.owner, (RopeOp, QKNormOp)) and k not in frame.values:  # K's transforms keep its shape
         k = k.owner.input
-    return torch.tensor([frame.tensor(k).shape[2]], dtype=torch.int64)
+    keys = frame.tensor(k)
+    return torch.tensor([keys.shape[2]], dtype=torch.int64, device=keys.device)
 
 
 @impl(QKNormOp)
