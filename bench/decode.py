@@ -339,12 +339,21 @@ def _ratios(row: dict[str, Any], ms: str, prefix: str, suffix: str = "") -> None
             row[f"{prefix}{form}_vs_contiguous"] = ours / row[f"attnfuse_{form}_{ms}"]
 
 
+def _cell(row: dict[str, Any], key: str) -> str:
+    """A time of the tables: ms, "err" where that implementation failed (`<impl>_error`,
+    or SDPA's reference), blank where the run did not time it."""
+    if key in row:
+        return f"{row[key]:.4f}"
+    impl = key.removesuffix("_ms").removesuffix("_graph").replace("sdpa_best", "sdpa")
+    return "err" if f"{impl}_error" in row or (impl.startswith("sdpa") and "reference_error" in row) else ""
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     lines = _graph_summary(rows) + ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
              "| vs flex | vs no split-kv | paged vs contiguous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+        cell = [_cell(r, k) for k in
                 ("attnfuse_ms", "attnfuse_no_split_ms", "attnfuse_paged_ms", "sdpa_best_ms", "flex_ms")]
         ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_sdpa", "vs_flex", "vs_no_split", "paged_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {r.get('splits', '')} | {' | '.join(cell)} "
@@ -361,7 +370,7 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
              "| paged vs contiguous | lengths vs contiguous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+        cell = [_cell(r, k) for k in
                 ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "attnfuse_lens_graph_ms", "sdpa_best_graph_ms",
                  "flex_graph_ms")]
         ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous",
@@ -372,7 +381,7 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
                   "ms per call:", "", "| B | Skv | Sq | AttnFuse | aligned, no positions | positions built per call "
                   "| SDPA (best) | flex | vs SDPA | vs flex |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
-            cell = [f"{r[k]:.4f}" if k in r else "err" for k in
+            cell = [_cell(r, k) for k in
                     ("attnfuse_rope_graph_ms", "attnfuse_rope_end_graph_ms", "attnfuse_rope_pos_ops_graph_ms",
                      "sdpa_best_rope_graph_ms", "flex_rope_graph_ms")]
             ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_rope_vs_sdpa", "graph_rope_vs_flex")]
