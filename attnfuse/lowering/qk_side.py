@@ -133,7 +133,6 @@ class SideTransforms:
         self.tables: dict[int, TensorArg] = {}
         self.bottom_right = any(isinstance(op, RopeOp) and op.bottom_right() for op in transforms)
         """A rope of this side is aligned bottom-right: `apply` needs `end`."""
-        self._end: SSAValue | None = None
         for n, op in enumerate(transforms):
             if isinstance(op, QKNormOp) and op.weight is not None:
                 self.weights[n] = ctx.sig.tensor(f"{prefix}_norm_w{n}", op.weight)
@@ -156,12 +155,11 @@ class SideTransforms:
         the position of row 0 under a bottom-right rope (`kv_len - Sq` of the
         program's sequence; its cos/sin are evaluated here, never tabled)."""
         assert end is not None or not self.bottom_right, "a bottom-right rope needs the keys' end"
-        self._end = end
         for n, op in enumerate(self.transforms):
             if isinstance(op, QKNormOp):
                 parts = self._qk_norm(b, n, op, parts, layout)
             else:
-                parts = self._rope(b, n, op, parts, rows, batch, row_mask, cos_sin)
+                parts = self._rope(b, n, op, parts, rows, batch, row_mask, cos_sin, end)
         return parts
 
     def _qk_norm(
@@ -184,8 +182,9 @@ class SideTransforms:
     def _rope(
         self, b: TileBuilder, n: int, op: RopeOp, parts: dict[str, SSAValue], rows: SSAValue,
         batch: Value, row_mask: SSAValue | None, cos_sin: tuple[SSAValue, SSAValue] | None = None,
+        end: SSAValue | None = None,
     ) -> dict[str, SSAValue]:
-        cos, sin = cos_sin or self.cos_sin(b, n, op, tile_width(parts["a"]), rows, batch, row_mask)
+        cos, sin = cos_sin or self.cos_sin(b, n, op, tile_width(parts["a"]), rows, batch, row_mask, end=end)
         a, bb = parts["a"], parts["b"]
         out = dict(parts)
         out["a"] = b.sub(b.mul(a, cos), b.mul(bb, sin), name="rot_a")
@@ -195,12 +194,12 @@ class SideTransforms:
 
     def cos_sin(
         self, b: TileBuilder, n: int, op: RopeOp, width: int, rows: SSAValue,
-        batch: Value, row_mask: SSAValue | None,
+        batch: Value, row_mask: SSAValue | None, *, end: SSAValue | None = None,
     ) -> tuple[SSAValue, SSAValue]:
         """cos and sin ([R, width] fp32, yarn factor included) for the pairs of part `a`:
-        read from the rope's table when it has one, else evaluated."""
+        read from the rope's table when it has one, else evaluated (`end`: see `apply`)."""
         if n not in self.tables:
-            return self.evaluate_cos_sin(b, n, op, width, rows, batch, row_mask)
+            return self.evaluate_cos_sin(b, n, op, width, rows, batch, row_mask, end=end)
         table = self.tables[n]
         half = op.rotary_width() // 2
         i = b.arange(0, width)
@@ -217,10 +216,11 @@ class SideTransforms:
 
     def evaluate_cos_sin(
         self, b: TileBuilder, n: int, op: RopeOp, width: int, rows: SSAValue,
-        batch: Value, row_mask: SSAValue | None,
+        batch: Value, row_mask: SSAValue | None, *, end: SSAValue | None = None,
     ) -> tuple[SSAValue, SSAValue]:
-        """cos and sin ([R, width] fp32, yarn factor included), computed from positions."""
-        positions = self._positions(b, n, op, rows, batch, row_mask)
+        """cos and sin ([R, width] fp32, yarn factor included), computed from positions
+        (`end`: see `apply`)."""
+        positions = self._positions(b, n, op, rows, batch, row_mask, end)
         half = op.rotary_width() // 2
         freq_arg = self.freqs[n]
         assert freq_arg.ptr is not None
@@ -244,11 +244,12 @@ class SideTransforms:
         return b.expand_dims(b.add(b.cast(w, f32), op.float_option("weight_offset")), 0)
 
     def _positions(
-        self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue | None
+        self, b: TileBuilder, n: int, op: RopeOp, rows: SSAValue, batch: Value, row_mask: SSAValue | None,
+        end: SSAValue | None,
     ) -> SSAValue:
         if op.bottom_right():
-            assert self._end is not None
-            return b.cast(b.add(b.add(rows, self._end), op.int_option("offset")), f32, name="pos")
+            assert end is not None
+            return b.cast(b.add(b.add(rows, end), op.int_option("offset")), f32, name="pos")
         if n not in self.positions:
             return b.cast(b.add(rows, op.int_option("offset")), f32, name="pos")
         pos_arg = self.positions[n]

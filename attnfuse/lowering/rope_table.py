@@ -61,8 +61,8 @@ class RopeTables:
         self.remap = remap or {}
         self.kernels: list[Operation] = []
         self._tables: dict[tuple[object, ...], SSAValue] = {}
-        self._skipped: dict[tuple[object, ...], tuple[SSAValue, SSAValue, SSAValue]] = {}
-        """Tables built under a predicate: (the select of their grid, the grid, the predicate)."""
+        self._skipped: dict[tuple[object, ...], arith.SelectOp] = {}
+        """Tables built under a predicate: `select(predicate, 0, grid)`, their grid."""
         self._max_len: SSAValue | None = None
 
     def __call__(self, op: RopeOp, dtype: Attribute, *, unless: SSAValue | None = None) -> SSAValue:
@@ -73,12 +73,11 @@ class RopeTables:
         if key not in self._tables:
             with self.host.unguarded():  # both paths of a guarded backward read it
                 self._tables[key] = self._build(key, op, positions, dtype, unless)
-        elif key in self._skipped and unless is not self._skipped[key][2]:
-            selected, grid, _ = self._skipped.pop(key)  # another reader: built whenever it runs
-            selected.replace_all_uses_with(grid)
-            assert isinstance(selected.owner, Operation)
-            selected.owner.detach()
-            selected.owner.erase()
+        elif key in self._skipped and unless is not self._skipped[key].cond:
+            select = self._skipped.pop(key)  # another reader: built whenever it runs
+            select.result.replace_all_uses_with(select.rhs)
+            select.detach()
+            select.erase()
         return self._tables[key]
 
     def _rows(self, positions: SSAValue | None) -> tuple[SSAValue, SSAValue | None]:
@@ -106,9 +105,9 @@ class RopeTables:
         one = host.const(1, "one")
         grid_r = host.cdiv(rows, ROWS_PER_PROGRAM, "rope_grid")
         if unless is not None:
-            selected = host.emit(arith.SelectOp(unless, host.const(0), grid_r), "rope_grid_used")
-            self._skipped[key] = (selected, grid_r, unless)
-            grid_r = selected
+            select = arith.SelectOp(unless, host.const(0), grid_r)
+            self._skipped[key] = select
+            grid_r = host.emit(select, "rope_grid_used")
         host.launch(name, [grid_r, one if slices is None else slices, one], operands)
         return table
 
