@@ -30,6 +30,29 @@ step of one token (`Sq * group <= 16`, e.g. Sq <= 4 at group 4) walks its keys w
 tile at B = 1, Skv <= 8192 on the H200, run 30)."""
 
 
+WIDE_BLOCK_N = 128
+"""Keys per KV block of the wide split kernel: 16-row tiles of 128 keys, three pipeline
+stages in the whole of an SM's shared memory, for calls whose programs fit one wave and
+whose splits walk at least `WIDE_MIN_BLOCKS` blocks of the plan. More bytes in flight
+per SM: at Sq = 1 (H200, CUDA graphs, split kernel + combine) B = 1, Skv = 8192 took
+11.42 us against 12.48 with 64-key blocks at three stages (half the shared memory);
+Skv = 32768 37.7 against 39.1, Skv = 131072 126.5 against 133.2; B = 16, Skv = 8192
+123.7 against 130.8 (run 38, call B)."""
+
+WIDE_MIN_BLOCKS = 4
+"""Blocks of the plan (64 keys) a split walks, at least, for the wide kernel to take a
+call: with fewer, 128-key blocks leave splits empty or half used (B = 1, Skv = 1024:
+16 splits of 64 keys, 6.1 us, against 8 splits of 128 keys at two stages, 6.5 us;
+run 38, call B)."""
+
+
+def wide_block_n(program: AttentionProgram, block_n: int) -> int | None:
+    """Keys per block of the wide split kernel beside a plan of `block_n` keys, or None
+    where there is none: only beside the default tiles of 16-bit inputs with head dims
+    up to 128 (`decode_tiles` 128 x 64)."""
+    return WIDE_BLOCK_N if decode_tiles(program) == (128, 64) and block_n == 64 else None
+
+
 def _head_dims(program: AttentionProgram) -> tuple[int, int]:
     q_type = program.scores.q.type
     assert isinstance(q_type, TensorType)

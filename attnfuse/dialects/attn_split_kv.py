@@ -13,11 +13,14 @@ docs/inference.md):
 * `splits`: `auto` (the host code sizes the split axis from the batch, the KV heads, the
   visited keys and the device's SM count) or a fixed number of splits;
 * `waves`, `min_blocks`: the `auto` rule aims at `waves` programs per SM, with at least
-  `min_blocks` KV blocks per split.
+  `min_blocks` KV blocks per split;
+* `merge 1` (absent: 0): the 16-row split kernels' last program per (batch, KV head)
+  merges the splits itself, up to `merge_rows_limit` of them, instead of the combine
+  kernel.
 
 ```mlir
 #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>
-#attn.split_kv<16x16, group 1, splits 3, waves 2, min_blocks 2>
+#attn.split_kv<16x16, group 1, splits 3, waves 2, min_blocks 2, merge 1>
 ```
 """
 
@@ -35,7 +38,7 @@ from xdsl.utils.exceptions import VerifyException
 AUTO = 0
 """`splits` value of the `auto` rule."""
 
-_CLAUSES = ("group", "splits", "waves", "min_blocks")
+_CLAUSES = ("group", "splits", "waves", "min_blocks", "merge")
 
 
 @irdl_attr_definition
@@ -50,10 +53,11 @@ class SplitKVAttr(ParametrizedAttribute):
     splits: IntAttr
     waves: IntAttr
     min_blocks: IntAttr
+    merge: IntAttr
 
     def __init__(self, rows: int, block_n: int, *, group: int, splits: int = AUTO, waves: int = 1,
-                 min_blocks: int = 1) -> None:
-        super().__init__(*(IntAttr(v) for v in (rows, block_n, group, splits, waves, min_blocks)))
+                 min_blocks: int = 1, merge: bool = False) -> None:
+        super().__init__(*(IntAttr(v) for v in (rows, block_n, group, splits, waves, min_blocks, int(merge))))
 
     def verify(self) -> None:
         for what, size in (("rows", self.rows.data), ("block_n", self.block_n.data)):
@@ -64,6 +68,8 @@ class SplitKVAttr(ParametrizedAttribute):
         for what, value in (("waves", self.waves.data), ("min_blocks", self.min_blocks.data)):
             if value < 1:
                 raise VerifyException(f"#attn.split_kv: {what} must be >= 1, got {value}")
+        if self.merge.data not in (0, 1):
+            raise VerifyException(f"#attn.split_kv: merge must be 0 or 1, got {self.merge.data}")
         if self.splits.data < 0:
             raise VerifyException(f"#attn.split_kv: splits must be auto or >= 1, got {self.splits.data}")
 
@@ -76,7 +82,7 @@ class SplitKVAttr(ParametrizedAttribute):
             rows = parser.parse_shape_dimension(allow_dynamic=False)
             parser.parse_shape_delimiter()
             block_n = parser.parse_shape_dimension(allow_dynamic=False)
-            values = {"group": 0, "splits": AUTO, "waves": 1, "min_blocks": 1}
+            values = {"group": 0, "splits": AUTO, "waves": 1, "min_blocks": 1, "merge": 0}
             given: set[str] = set()
             while parser.parse_optional_punctuation(",") is not None:
                 start = parser.pos
@@ -90,12 +96,14 @@ class SplitKVAttr(ParametrizedAttribute):
                     values[clause] = parser.parse_integer(allow_boolean=False)
             if "group" not in given:
                 parser.raise_error("#attn.split_kv needs a 'group' clause")
-        order = (rows, block_n, values["group"], values["splits"], values["waves"], values["min_blocks"])
+        order = (rows, block_n, values["group"], values["splits"], values["waves"], values["min_blocks"],
+                 values["merge"])
         return tuple(IntAttr(v) for v in order)
 
     def print_parameters(self, printer: Printer) -> None:
         splits = "auto" if self.is_auto() else str(self.splits.data)
         text = (f"{self.rows.data}x{self.block_n.data}, group {self.group.data}, splits {splits}, "
-                f"waves {self.waves.data}, min_blocks {self.min_blocks.data}")
+                f"waves {self.waves.data}, min_blocks {self.min_blocks.data}"
+                + (f", merge {self.merge.data}" if self.merge.data else ""))
         with printer.in_angle_brackets():
             printer.print_string(text)

@@ -127,6 +127,10 @@ class AllocOp(IRDLOperation):
     gives the dims from outermost to innermost in memory (default: row-major), e.g.
     `[B, H, S, D]` stored as `[B, S, H, D]`:
 
+    `zero restored`: a zero buffer that every launch using it leaves zero (counters that
+    the last program to count resets), so a launch plan may keep one per stream, and a
+    call captured into a CUDA graph may take one zeroed before the capture.
+
     With `when %c` (`unless`: when it does not hold) the buffer exists only on that path
     of a guarded launch sequence; only ops on the same path, and `arith.select` on `%c`,
     may use it.
@@ -135,6 +139,7 @@ class AllocOp(IRDLOperation):
     %lse = host.alloc %b, %sq zero : tensor<?x32x?xf32>
     %out = host.alloc %b, %sq {order = array<i64: 0, 2, 1, 3>} : tensor<?x32x?x128xbf16>
     %d_q_f32 = host.alloc %b, %sq when %ok : tensor<?x32x?x128xf32>
+    %counts = host.alloc %bh zero restored : tensor<?xi32>
     ```
     """
 
@@ -142,14 +147,18 @@ class AllocOp(IRDLOperation):
     sizes = var_operand_def(i32)
     cond = opt_operand_def(i1)
     zero = opt_prop_def(UnitAttr)
+    restored = opt_prop_def(UnitAttr)
     unless = opt_prop_def(UnitAttr)
     order = opt_prop_def(DenseArrayBase)
     result = result_def(TensorType)
     irdl_options = (AttrSizedOperandSegments(), ParsePropInAttrDict())
-    assembly_format = "$sizes (`zero` $zero^)? (`when` $cond^)? (`unless` $unless^)? attr-dict `:` type($result)"
+    assembly_format = ("$sizes (`zero` $zero^)? (`restored` $restored^)? (`when` $cond^)? (`unless` $unless^)? "
+                       "attr-dict `:` type($result)")
 
     def verify_(self) -> None:
         _verify_guard(self)
+        if self.restored is not None and self.zero is None:
+            raise VerifyException("host.alloc: `restored` applies to a `zero` buffer")
         assert isinstance(self.result.type, TensorType)
         dynamic = sum(1 for d in self.result.type.get_shape() if d < 0)
         if dynamic != len(self.sizes):

@@ -49,7 +49,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.tile_memory import AtomicAddOp, LoadOp, PtrAddOp, StoreOp
+from attnfuse.dialects.tile_memory import AtomicAddOp, AtomicFetchAddOp, BarrierOp, LoadOp, PtrAddOp, StoreOp
 from attnfuse.dialects.tile_shape import (
     ArangeOp,
     BroadcastOp,
@@ -71,6 +71,8 @@ from attnfuse.dialects.tile_compute import CmpOp, ConvertOp, DotOp, RandOp, Redu
 __all__ = [
     "ArangeOp",
     "AtomicAddOp",
+    "AtomicFetchAddOp",
+    "BarrierOp",
     "BroadcastOp",
     "CmpOp",
     "CmpPredicate",
@@ -307,6 +309,8 @@ Tile = Dialect(
         LoadOp,
         StoreOp,
         AtomicAddOp,
+        AtomicFetchAddOp,
+        BarrierOp,
         DotOp,
         ReduceOp,
         RandOp,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from xdsl.dialects.builtin import i32, i64
 from xdsl.ir import SSAValue
 
-from attnfuse.dialects.tile import AtomicAddOp, LoadOp, PtrAddOp, StoreOp
+from attnfuse.dialects.tile import AtomicAddOp, AtomicFetchAddOp, BarrierOp, LoadOp, PtrAddOp, StoreOp
 from attnfuse.dialects.tile_types import PtrType, broadcast_shapes, element_type_of, literal_type, shape_of, tile_type
 
 if TYPE_CHECKING:
@@ -94,6 +94,20 @@ class MemoryOps:
     ) -> AtomicAddOp:
         """`tl.atomic_add(ptr + offsets, value, mask=mask)`."""
         op = AtomicAddOp(*self._store_operands(ptr, offsets, value, mask))
+        self.insert(op)
+        return op
+
+    def atomic_fetch_add(
+        self: TileBuilder, ptr: SSAValue, offset: Value, value: Value, *, name: str | None = None
+    ) -> SSAValue:
+        """The i32 at `ptr[offset]` before adding the scalar `value` to it (acquire-release,
+        `tile.atomic_fetch_add`)."""
+        off = self.coerce(offset, i32)
+        return self._emit(AtomicFetchAddOp(ptr, off, self.coerce(value, i32)), name)
+
+    def barrier(self: TileBuilder) -> BarrierOp:
+        """`tile.barrier`: every thread of the program waits for the others here."""
+        op = BarrierOp()
         self.insert(op)
         return op
 

@@ -1,6 +1,7 @@
 """
 Pointer and global-memory ops of the `tile` dialect: `tile.ptr_add`, `tile.load`,
-`tile.store`, `tile.atomic_add`.
+`tile.store`, `tile.atomic_add`, and the two that let the programs of a kernel hand
+work to each other: `tile.barrier` and `tile.atomic_fetch_add`.
 
 They address `ptr + offsets` elementwise: a tile of integer offsets (in elements)
 gives a tile access, a scalar offset a scalar access. The optional `mask` (i1 with
@@ -333,4 +334,56 @@ class AtomicAddOp(_StoreLikeOp):
             )
 
 
-__all__ = ["AtomicAddOp", "LoadOp", "PtrAddOp", "StoreOp"]
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    """
+    Waits until every thread of the program reaches it (`tl.debug_barrier`): what the
+    threads stored before it is ordered before what any of them does after it, so a
+    `tile.atomic_fetch_add` that follows publishes the whole program's stores.
+
+    ```mlir
+    tile.barrier
+    ```
+    """
+
+    name = "tile.barrier"
+
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class AtomicFetchAddOp(IRDLOperation):
+    """
+    Adds the scalar `value` to the i32 at `ptr[offset]` and returns what was there
+    before (`tl.atomic_add`, acquire-release at device scope): the program's memory
+    accesses before it (after a `tile.barrier`: those of all its threads) are seen by
+    every program whose add comes later, and its accesses after it see those of every
+    program whose add came earlier. The last of N programs to add 1 to a zero counter
+    gets N - 1 and may read what the others stored.
+
+    ```mlir
+    %ticket = tile.atomic_fetch_add %counts[%pid], %one : !tile.ptr<i32>, i32
+    ```
+    """
+
+    name = "tile.atomic_fetch_add"
+
+    ptr = operand_def(PtrType)
+    offset = operand_def(i32)
+    value = operand_def(i32)
+    result = result_def(i32)
+
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    assembly_format = "$ptr `[` $offset `]` `,` $value attr-dict `:` type($ptr) `,` type($offset)"
+
+    def __init__(self, ptr: _Operand, offset: _Operand, value: _Operand):
+        super().__init__(operands=[ptr, offset, value], result_types=[i32])
+
+    def verify_(self) -> None:
+        assert isinstance(self.ptr.type, PtrType)
+        if element_type_of(self.ptr.type.pointee) != i32:
+            raise VerifyException(f"tile.atomic_fetch_add counts in i32, got a pointer to {self.ptr.type.pointee}")
+
+
+__all__ = ["AtomicAddOp", "AtomicFetchAddOp", "BarrierOp", "LoadOp", "PtrAddOp", "StoreOp"]

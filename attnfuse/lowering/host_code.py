@@ -97,12 +97,14 @@ class HostCode:
         return self.emit(arith.MuliOp(a, self.const(factor)), name)
 
     def alloc(self, ty: TensorType, sizes: Mapping[int, SSAValue], name: str, *, zero: bool = False,
-              order: Sequence[int] | None = None) -> SSAValue:
+              restored: bool = False, order: Sequence[int] | None = None) -> SSAValue:
         """A `ty` buffer; `sizes` maps dims to their run-time sizes, of which those
         that `ty` leaves dynamic become operands (a static batch or length needs none);
+        `restored`: a zero buffer that every launch leaves zero (`host.alloc`);
         `order`: the dims' memory order, outermost first (default row-major)."""
         dynamic = [sizes[i] for i, d in enumerate(ty.get_shape()) if d < 0]
-        props: dict[str, Attribute | None] = {"zero": UnitAttr() if zero else None}
+        props: dict[str, Attribute | None] = {"zero": UnitAttr() if zero else None,
+                                              "restored": UnitAttr() if restored else None}
         if order is not None and list(order) != list(range(len(order))):
             props["order"] = DenseArrayBase.from_list(i64, list(order))
         cond, guard = self._guard_parts()

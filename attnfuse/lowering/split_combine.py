@@ -24,7 +24,7 @@ tile.kernel @f_split_kv_combine(%Opart: !tile.ptr<f32>, ..., %Sq: i32, %splits: 
 from __future__ import annotations
 
 from xdsl.dialects.builtin import StringAttr, TensorType, f32
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import TileBuilder
@@ -34,6 +34,10 @@ from attnfuse.lowering.signature import KernelSignature, TensorArg
 
 COMBINE_SPLITS = 16
 """Partial results the combine kernel merges per step."""
+
+MERGE_ELEMENTS = 64 * 128
+"""fp32 values of partial outputs the split program that finishes last loads to merge
+them itself (`merge_in_kernel`): 16 splits of a Llama-3 group (4 heads of 128)."""
 
 
 def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue, lse: SSAValue,
@@ -52,31 +56,12 @@ def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue
     dv_pad = padded(v_dim)
     d = b.arange(0, dv_pad, name="d")
     d_ok = b.lt(d, v_dim)
-    clamp = SINK_START_MAX * LOG2E
-    state = [b.constant(float("-inf"), f32, name="m"), b.constant(0.0, f32, name="l"),
-             b.constant(float("-inf"), f32, name="top"), b.zeros((dv_pad,), f32, name="acc")]
+    state = _merge_start(b, dv_pad)
     with b.for_(0, n_splits, COMBINE_SPLITS, inits=state, iv_name="s0") as loop:
-        m, l, top, acc = loop.carried
         s = b.add(loop.iv, b.arange(0, COMBINE_SPLITS), name="s")
-        s_ok = b.lt(s, n_splits)
-        lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"),
-                       name="lse_s")
-        offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
-        o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0,
-                     name="o_s")
-        x = b.minimum(lse_s, clamp)  # a +inf sink's split merges as a huge finite weight
-        m_new = b.maximum(m, b.reduce_max(x, 0), name="m_new")
-        m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new)
-        alpha = b.exp2(b.sub(m, m_safe), name="alpha")
-        w = b.exp2(b.sub(x, m_safe), name="w")
-        l_new = b.add(b.mul(l, alpha), b.reduce_sum(w, 0), name="l_new")
-        acc_new = b.add(b.mul(acc, alpha), b.reduce_sum(b.mul(b.expand_dims(w, 1), o_s), 0), name="acc_new")
-        loop.yield_(m_new, l_new, b.maximum(top, b.reduce_max(lse_s, 0)), acc_new)
-    m, l, top, acc = loop.results
-    l_safe = b.where(b.eq(l, 0.0), 1.0, l)
-    m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
-    lse2 = b.where(b.eq(l, 0.0), float("-inf"), b.add(m_safe, b.log2(l_safe)))
-    lse2 = b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
+        lse_s, o_s = _load_partials(b, parts, part_lse, s, b.lt(s, n_splits), slot, d, d_ok)
+        loop.yield_(*_merge(b, list(loop.carried), lse_s, o_s))
+    acc, l_safe, lse2 = _merge_end(b, list(loop.results))
     batch, head = b.div(pid_bh, heads, name="batch"), b.rem(pid_bh, heads, name="head")
     out_type = out.type
     assert isinstance(out_type, TensorType)
@@ -86,9 +71,81 @@ def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue
     return b.finish(), sig.host_operands()
 
 
+def merge_rows_limit(group: int, v_dim: int) -> int:
+    """The most splits whose partial results the last program of a group merges itself
+    (`merge_in_kernel`): it loads them for the group's heads at once, at most
+    `MERGE_ELEMENTS` fp32 values; 0 where not even two fit."""
+    splits = MERGE_ELEMENTS // ((1 << (group - 1).bit_length()) * padded(v_dim))
+    return splits if splits >= 2 else 0
+
+
+def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: TensorArg, lse: TensorArg,
+                    batch: SSAValue, kv_head: SSAValue, q_len: SSAValue, n_splits: SSAValue, *, group: int,
+                    heads: int, v_dim: int, out_type: Attribute) -> None:
+    """The combine of one (batch, KV head) by the split program that finished last:
+    for each query, the partial results of the `group` heads that share the KV head,
+    all splits at once (`merge_rows_limit(group, v_dim)` of them at most; the host
+    launches the combine kernel instead beyond that), merged as the combine kernel
+    merges them and written to `out` and `lse`."""
+    dv_pad = padded(v_dim)
+    d = b.arange(0, dv_pad, name="d")
+    d_ok = b.lt(d, v_dim)
+    limit = merge_rows_limit(group, v_dim)
+    s = b.arange(0, limit, name="s")
+    s_ok = b.lt(s, n_splits)
+    with b.for_(0, q_len, 1, iv_name="q") as loop:
+        heads_of_group = [b.add(b.mul(kv_head, group), g, name=f"head{g}") for g in range(group)]
+        slots = [b.add(b.mul(b.add(b.mul(batch, heads), h), q_len), loop.iv) for h in heads_of_group]
+        # Every head's loads first, so that they are in flight together.
+        loaded = [_load_partials(b, parts, part_lse, s, s_ok, slot, d, d_ok) for slot in slots]
+        for head, (lse_s, o_s) in zip(heads_of_group, loaded):
+            acc, l_safe, lse2 = _merge_end(b, _merge(b, _merge_start(b, dv_pad), lse_s, o_s))
+            o_offs = b.add(b.mul(loop.iv, out.strides[2]), b.mul(d, out.strides[3]))
+            b.store(out.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type), mask=d_ok)
+            b.store(lse.base(b, batch, head), b.mul(loop.iv, lse.strides[2]), b.mul(lse2, LN2))
+
+
+def _load_partials(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, s: SSAValue, s_ok: SSAValue,
+                   slot: SSAValue, d: SSAValue, d_ok: SSAValue) -> tuple[SSAValue, SSAValue]:
+    """The base-2 lse `[S]` and the output `[S, Dv]` of workspace row `slot` in splits `s`."""
+    assert parts.ptr is not None and part_lse.ptr is not None
+    lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"), name="lse_s")
+    offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
+    o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0, name="o_s")
+    return lse_s, o_s
+
+
+def _merge_start(b: TileBuilder, dv_pad: int) -> list[SSAValue]:
+    """(m, l, top, acc) before any split."""
+    return [b.constant(float("-inf"), f32, name="m"), b.constant(0.0, f32, name="l"),
+            b.constant(float("-inf"), f32, name="top"), b.zeros((dv_pad,), f32, name="acc")]
+
+
+def _merge(b: TileBuilder, state: list[SSAValue], lse_s: SSAValue, o_s: SSAValue) -> list[SSAValue]:
+    """(m, l, top, acc) after merging the splits `lse_s` `[S]`, `o_s` `[S, Dv]` in."""
+    m, l, top, acc = state
+    x = b.minimum(lse_s, SINK_START_MAX * LOG2E)  # a +inf sink's split merges as a huge finite weight
+    m_new = b.maximum(m, b.reduce_max(x, 0), name="m_new")
+    m_safe = b.where(b.eq(m_new, float("-inf")), 0.0, m_new)
+    alpha = b.exp2(b.sub(m, m_safe), name="alpha")
+    w = b.exp2(b.sub(x, m_safe), name="w")
+    l_new = b.add(b.mul(l, alpha), b.reduce_sum(w, 0), name="l_new")
+    acc_new = b.add(b.mul(acc, alpha), b.reduce_sum(b.mul(b.expand_dims(w, 1), o_s), 0), name="acc_new")
+    return [m_new, l_new, b.maximum(top, b.reduce_max(lse_s, 0)), acc_new]
+
+
+def _merge_end(b: TileBuilder, state: list[SSAValue]) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """(acc, its divisor, the base-2 lse) of a merged row; 0 and -inf where no split reached it."""
+    m, l, top, acc = state
+    l_safe = b.where(b.eq(l, 0.0), 1.0, l)
+    m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
+    lse2 = b.where(b.eq(l, 0.0), float("-inf"), b.add(m_safe, b.log2(l_safe)))
+    return acc, l_safe, b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
+
+
 def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:
     """i64 offsets of row `slot` of each split in a [splits, slots, ...] workspace."""
     return b.add(b.mul(b.to_i64(splits), b.to_i64(arg.strides[0])), b.to_i64(b.mul(slot, arg.strides[1])))
 
 
-__all__ = ["COMBINE_SPLITS", "build_combine"]
+__all__ = ["COMBINE_SPLITS", "MERGE_ELEMENTS", "build_combine", "merge_in_kernel", "merge_rows_limit"]

@@ -40,10 +40,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32
+from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32, i32
 from xdsl.ir import Operation, SSAValue
 
-from attnfuse.analysis.split_kv import SMALL_ROWS
+from attnfuse.analysis.split_kv import SMALL_ROWS, WIDE_MIN_BLOCKS, wide_block_n
 from attnfuse.analysis.tile_plan import k_transformed_in_kernel
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
 from attnfuse.dialects.tile import KernelOp
@@ -52,18 +52,19 @@ from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel,
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
-from attnfuse.lowering.split_combine import build_combine
+from attnfuse.lowering.split_combine import build_combine, merge_in_kernel, merge_rows_limit
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
 
-def split_stages(spec: ForwardSpec, rows: int, block_n: int, *, paged_depth: bool = True) -> int:
+def split_stages(spec: ForwardSpec, rows: int, block_n: int, *, paged_depth: bool = True,
+                 whole_sm: bool = False) -> int:
     """Pipeline depth (`kv_stages`) whose tiles fit half of `SHARED_MEMORY_BUDGET`, so
-    that two programs share an SM: the packed Q tile of `rows` rows plus the K and V
-    tiles, counted as `pipeline_stages` counts them for the forward kernel; a paged
-    program's two extra stages unless `paged_depth` is False."""
+    that two programs share an SM (all of it with `whole_sm`): the packed Q tile of
+    `rows` rows plus the K and V tiles, counted as `pipeline_stages` counts them for the
+    forward kernel; a paged program's two extra stages unless `paged_depth` is False."""
     q_type, v_type = spec.q.type, spec.v.type
     assert isinstance(q_type, TensorType) and isinstance(v_type, TensorType)
-    return kv_stages(q_type, v_type, rows, block_n, SHARED_MEMORY_BUDGET // 2,
+    return kv_stages(q_type, v_type, rows, block_n, SHARED_MEMORY_BUDGET // (1 if whole_sm else 2),
                      k_in_kernel=k_transformed_in_kernel(spec.program), f32_dot=spec.f32_dot,
                      paged=spec.paged is not None and paged_depth)
 
@@ -81,15 +82,23 @@ class SplitKernel(ForwardKernel):
     """The split kernel (see the module docstring); reuses the forward kernel's KV walk.
     `one_loop`: walk the split's keys in one masked loop instead of the band's loops
     (for splits of a few KV blocks, where each loop's pipeline prologue costs more than
-    the mask code saves)."""
+    the mask code saves); `skip_empty`: skip the band's loops that have no block
+    (`_kv_range`); `merge`: (the counters, the host's choice) for a kernel whose last
+    program per (batch, KV head) merges the splits (`_merge_if_last`)."""
 
     def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr, o_part: SSAValue,
-                 lse_part: SSAValue, *, one_loop: bool = False) -> None:
+                 lse_part: SSAValue, merge: tuple[SSAValue, SSAValue] | None = None, *,
+                 one_loop: bool = False, skip_empty: bool = False) -> None:
         super().__init__(spec, name)
         self.one_loop = one_loop
+        self.skip_empty = skip_empty
         self.group = plan.group.data
         self.o_part = self.sig.tensor("Opart", o_part)
         self.lse_part = self.sig.tensor("LSEpart", lse_part)
+        self.counts = self.merge = None
+        if merge is not None:  # (the counters, whether this call merges)
+            self.counts = self.sig.tensor("Counts", merge[0])
+            self.merge = self.sig.scalar("merge", merge[1])
 
     def build(self) -> KernelOp:
         spec = self.spec
@@ -118,7 +127,7 @@ class SplitKernel(ForwardKernel):
         if self.one_loop:
             ranges = [(ranges[0][0], ranges[-1][1], False)]
         for start, end, full in ranges:
-            state = self._kv_loop(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
+            state = self._kv_range(b.maximum(start, split_lo), b.minimum(end, split_hi), state, full_tile=full)
         m_i, l_i, acc = state
         l_safe = b.where(b.eq(l_i, 0.0), 1.0, l_i)
         out = b.div(acc, b.expand_dims(l_safe, 1), name="out")
@@ -127,6 +136,45 @@ class SplitKernel(ForwardKernel):
             lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
         self._store(split, batch, head, rows, row_ok, out, lse2)
         return b.finish()
+
+    def _merge_if_last(self, pid_bh: SSAValue, batch: SSAValue) -> None:
+        """For a kernel built to merge, with `merge` set (the host's choice: few enough
+        splits, `merge_rows_limit`), each program counts itself done once its partial results are stored; the last of
+        its (batch, KV head) merges them all (`merge_in_kernel`) and sets the counter
+        back to 0, as the next call expects it."""
+        b = self.b
+        if self.merge is None or self.counts is None:
+            return
+        assert self.merge.value is not None and self.counts.ptr is not None and self.q_len_arg.value is not None
+        assert self.lse_arg is not None
+        merging = b.if_(b.ne(self.merge.value, 0, name="merging"))
+        with merging.then_():
+            b.barrier()
+            ticket = b.atomic_fetch_add(self.counts.ptr, pid_bh, 1, name="ticket")
+            last = b.if_(b.eq(ticket, b.sub(b.num_programs(0), 1), name="last"))
+            with last.then_():
+                merge_in_kernel(b, self.o_part, self.lse_part, self.o_arg, self.lse_arg, batch,
+                                b.rem(pid_bh, self.hk), self.q_len_arg.value, b.num_programs(0), group=self.group,
+                                heads=self.hq, v_dim=self.v_dim, out_type=self._dtype(self.spec.out))
+                b.store(self.counts.ptr, pid_bh, b.constant(0, i32))
+
+    def _kv_range(self, lo: SSAValue, hi: SSAValue, state: list[SSAValue], *, full_tile: bool) -> list[SSAValue]:
+        """The KV loop over [lo, hi), with `skip_empty` skipped when empty: the prologue of
+        a pipelined loop runs even without an iteration (Triton 3.6 issues its first
+        stages' loads, which zero-fill their shared-memory buffers). The masked loop an
+        aligned cache leaves empty cost 0.7 us of a B = 1, Skv = 8192 decode step on the
+        H200, and 0.7 us at B = 16, Skv = 1024 (run 38, call E). Only the 16-row tiles
+        skip: the 64-row tile of gpt-oss (8 heads of 64, a window and sinks), at 255
+        registers already, spilled under the branch on sm_90."""
+        b = self.b
+        if not self.skip_empty:
+            return self._kv_loop(lo, hi, state, full_tile=full_tile)
+        branch = b.if_(b.lt(lo, hi), [v.type for v in state])
+        with branch.then_():
+            branch.yield_(*self._kv_loop(lo, hi, state, full_tile=full_tile))
+        with branch.else_():
+            branch.yield_(*state)
+        return list(branch.results)
 
     def _split_keys(self, split: SSAValue, lo: Value, hi: Value) -> tuple[SSAValue, SSAValue]:
         """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)."""
@@ -157,6 +205,7 @@ class SplitKernel(ForwardKernel):
                          b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
             b.store(self.o_part.base(b, split), offs, out, mask=mask)
             b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
+            self._merge_if_last(b.program_id(1), batch)
 
     def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
                      rows: SSAValue) -> tuple[SSAValue, SSAValue]:
@@ -255,28 +304,46 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
     name = f"{fname}_split_kv"
     split_bh = host.mul(spec.batch, hk, "split_bh")
+    # With `merge 1` and few enough splits, the program that finishes last merges them
+    # (one counter per (batch, KV head), kept zero between calls); else the combine kernel.
+    several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
+    limit = merge_rows_limit(plan.group.data, v_dim) if plan.merge.data else 0
+    merging: tuple[SSAValue, SSAValue] | None = None
+    if limit:
+        merged = host.emit(arith.AndIOp(several, host.emit(arith.CmpiOp(split_grid, host.const(limit), "sle"))),
+                           "merge_in_kernel")
+        counts = host.alloc(TensorType(i32, [DYNAMIC_INDEX]),
+                            {0: host.emit(arith.SelectOp(merged, split_bh, host.const(0)))}, "split_counts",
+                            zero=True, restored=True)
+        merging = counts, host.emit(arith.SelectOp(merged, one, host.const(0)), "merge")
     kernels: list[Operation] = []
     small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
-    # (name, packed rows, one loop at the contiguous depth); the first whose condition
-    # holds takes the call, the last takes the rest.
-    variants = [(name, rows, False)]
+    # (name, packed rows, keys per block, whether one wave owns each SM's shared memory,
+    # one loop at the contiguous depth); the first whose condition holds takes the call,
+    # the last takes the rest.
+    variants = [(name, rows, block_n, False, False)]
     if small_rows < rows:
-        variants.insert(0, (f"{name}_small", small_rows, False))
+        variants.insert(0, (f"{name}_small", small_rows, block_n, False, False))
+        wide = wide_block_n(spec.program, block_n)
+        if wide is not None and spec.paged is None:
+            variants.insert(0, (f"{name}_wide", small_rows, wide, True, False))
     if spec.paged is not None:
-        variants.insert(0, (f"{name}_short", small_rows, True))
+        variants.insert(0, (f"{name}_short", small_rows, block_n, False, True))
     if len(variants) > 1:  # what the conditions read
         programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
         one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     grid = split_grid
-    for i, (variant, tier, short) in enumerate(variants):
+    for i, (variant, tier, tier_block_n, whole_sm, short) in enumerate(variants):
         tier_grid = grid
         if variant != name:
             suffix = variant[len(name) + 1:]
             # Calls whose packed rows fit the small tile and whose programs fit one wave
             # take it (latency-bound); the rest the full one, whose larger shared-memory
             # footprint fits two programs per SM in whole waves (run 30: the 16-row tile
-            # lost 10% at B = 64). A paged program's calls whose SMs each walk at most
-            # SHORT_SPLIT_BLOCKS blocks (waves x blocks per split) take the short kernel.
+            # lost 10% at B = 64). Of those, calls whose splits walk at least
+            # WIDE_MIN_BLOCKS blocks take the wide tile. A paged program's calls whose SMs
+            # each walk at most SHORT_SPLIT_BLOCKS blocks (waves x blocks per split) take
+            # the short kernel.
             fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
             if short:
                 waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
@@ -285,15 +352,29 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
                 taken = host.emit(arith.AndIOp(fits, few), "short_split")
             else:
                 taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
+                if whole_sm:
+                    long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"),
+                                     "long_splits")
+                    taken = host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
             tier_grid = host.emit(arith.SelectOp(taken, grid, host.const(0)), f"{suffix}_split_grid")
             rest = "full_split_grid" if i == len(variants) - 2 else f"after_{suffix}_grid"
             grid = host.emit(arith.SelectOp(taken, host.const(0), grid), rest)
-        kernel = SplitKernel(_tier_spec(spec, tier, block_n, short=short), variant, plan, o_part, lse_part,
-                             one_loop=short)
+        # The 16-row tiers (latency-bound calls) merge their own splits and skip empty
+        # loops; a taller tile keeps the registers those would need.
+        latency = tier == SMALL_ROWS
+        kernel = SplitKernel(_tier_spec(spec, tier, tier_block_n, short=short, whole_sm=whole_sm), variant, plan,
+                             o_part, lse_part, merging if latency else None, one_loop=short,
+                             skip_empty=latency)
         kernels.append(kernel.build())
         host.launch(variant, [tier_grid, split_bh, one], kernel.sig.host_operands())
-    several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
-    combine_grid = host.emit(arith.SelectOp(several, spec.q_len, host.const(0)), "combine_grid")
+    combined = several
+    if limit:
+        beyond = host.emit(arith.CmpiOp(split_grid, host.const(limit), "sgt"), "beyond_merge_limit")
+        if rows != SMALL_ROWS:  # the full tile does not merge: calls that take it combine
+            full = host.emit(arith.CmpiOp(grid, host.const(0), "sgt"), "full_tile_splits")
+            beyond = host.emit(arith.OrIOp(beyond, full), "combine_needed")
+        combined = host.emit(arith.AndIOp(several, beyond), "combined")
+    combine_grid = host.emit(arith.SelectOp(combined, spec.q_len, host.const(0)), "combine_grid")
     combine, operands = build_combine(f"{name}_combine", o_part, lse_part, spec.out, spec.lse, spec.q_len,
                                       split_grid, hq, v_dim)
     kernels.append(combine)
@@ -301,9 +382,10 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     return SplitKVPath(kernels, decoding)
 
 
-def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool) -> ForwardSpec:
-    """The forward spec of the split kernel with tiles of `rows` packed rows (`short`:
-    at the pipeline depth of a contiguous cache). It rotates its few query rows with
+def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool, whole_sm: bool) -> ForwardSpec:
+    """The forward spec of the split kernel with tiles of `rows` x `block_n` (`short`:
+    at the pipeline depth of a contiguous cache; `whole_sm`: its pipeline sized for the
+    whole of an SM's shared memory, for calls whose programs fit one wave). It rotates its few query rows with
     cos/sin evaluated in the kernel (a table would cost a launch per decode step), and
     reads K's tables on every call it runs."""
     online = spec.program.online
@@ -312,7 +394,8 @@ def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool) -> Fo
         spec, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
-        num_warps=split_warps(spec, rows), num_stages=split_stages(spec, rows, block_n, paged_depth=not short),
+        num_warps=split_warps(spec, rows),
+        num_stages=split_stages(spec, rows, block_n, paged_depth=not short, whole_sm=whole_sm),
         launch={"role": StringAttr("split_kv")})
 
 

@@ -62,6 +62,11 @@ class SplitKVPass(ModulePass):
     min_blocks: int = 0
     """`auto` gives each split at least this many KV blocks where that keeps every SM
     busy (it never leaves SMs idle); 0: 1 on a contiguous cache, 2 on a paged one."""
+    merge: bool = False
+    """The 16-row split kernels' last program per (batch, KV head) merges up to
+    `merge_rows_limit` splits itself instead of the combine kernel. Off by default: as
+    lowered (one head of the group after another) it made a B = 1 decode step 2 us
+    slower on the H200 (run 38, calls F and G; docs/inference.md)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()
@@ -85,7 +90,8 @@ class SplitKVPass(ModulePass):
             paged = paged_cache(program) is not None
             online.properties["split_kv"] = SplitKVAttr(
                 rows, self.block_n or decode_tiles(program)[1], group=hq // hk, splits=splits,
-                waves=self.waves or (2 if paged else 1), min_blocks=self.min_blocks or (2 if paged else 1))
+                waves=self.waves or (2 if paged else 1), min_blocks=self.min_blocks or (2 if paged else 1),
+                merge=self.merge)
 
     def _splits(self) -> int:
         if self.splits == "auto":

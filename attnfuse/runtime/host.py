@@ -29,7 +29,9 @@ ids) runs on every call. A kernel whose metadata does not list what it writes
 (`KernelMetadata.writes` None) is taken to write every tensor it takes, so a table it
 reads is rebuilt on every call. A buffer with no elements (the split-KV workspace of a
 call that does not split) is allocated once and kept with the plan too, unless the
-function returns it. Calls that drop the lse may reuse one lse buffer per stream
+function returns it. A `zero restored` buffer (counters the kernels set back to zero)
+is scratch like an uninitialized one; a call captured into a CUDA graph takes it from
+memory zeroed before the capture (`counters`). Calls that drop the lse may reuse one lse buffer per stream
 (`plan.lean_steps`).
 """
 
@@ -71,6 +73,7 @@ from attnfuse.runtime.build import (
     step_instruction,
     tma_unready_reason,
 )
+from attnfuse.runtime.counters import restored_zeros
 from attnfuse.runtime.plan import SCRATCH_BYTES, LaunchPlan, Scratch, Slots, Step
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,7 @@ _INT_OPS: dict[type[Operation], Callable[..., int]] = {
     arith.MinSIOp: min,
     arith.SelectOp: lambda c, a, b: a if c else b,
     arith.AndIOp: lambda a, b: a and b,
+    arith.OrIOp: lambda a, b: a or b,
 }
 """Scalar host ops and their meaning on Python ints (`arith.cmpi` below); `arith.select`
 also joins the tensors of two guarded paths."""
@@ -396,7 +400,7 @@ class HostProgram:
         assert isinstance(ty, TensorType)
         dims, sizes = ty.get_shape(), [self.slots[s] for s in op.sizes]
         dtype = torch_dtype(ty.element_type)
-        make = torch.zeros if op.zero is not None else torch.empty
+        make = torch.empty if op.zero is None else restored_zeros if op.restored is not None else torch.zeros
         order = op.dim_order()
         returned = out in self.returns
 
@@ -490,8 +494,8 @@ def _trailing_args(meta: KernelMetadata, name: str, value: SSAValue) -> int:
 
 
 def _launch_buffer(value: SSAValue) -> bool:
-    """Whether `value` is an uninitialized `host.alloc` that only launches, shape-only
-    ops (`host.dim`, `host.tma_ready`) and the return use."""
+    """Whether `value` is an uninitialized (or `zero restored`) `host.alloc` that only
+    launches, shape-only ops (`host.dim`, `host.tma_ready`) and the return use."""
     owner = value.owner
-    return isinstance(owner, AllocOp) and owner.zero is None and all(
+    return isinstance(owner, AllocOp) and (owner.zero is None or owner.restored is not None) and all(
         isinstance(use.operation, (LaunchOp, DimOp, TmaReadyOp, func.ReturnOp)) for use in value.uses)

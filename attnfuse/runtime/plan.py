@@ -14,7 +14,8 @@ come between those of one call. While a stream is being captured into a CUDA gra
 every buffer is allocated as usual (a graph keeps its addresses).
 
 `HostProgram` decides which buffers are scratch: those the host code allocates
-uninitialized that only launches and shape-only ops (`host.dim`, `host.tma_ready`) use,
+uninitialized (or zeroed for kernels that leave them zero, `host.alloc ... zero
+restored`: a stream's set is zeroed once) that only launches and shape-only ops (`host.dim`, `host.tma_ready`) use,
 not returned (or returned after result 0 only, for the calls that drop them), in program
 order while they total at most `SCRATCH_BYTES`.
 """

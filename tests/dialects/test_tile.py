@@ -241,6 +241,19 @@ def test_kernel_level_verifier_errors() -> None:
         )
     with pytest.raises(VerifyException, match="pointee must be"):
         PtrType(TensorType(f32, [4])).verify()
+    with pytest.raises(VerifyException, match="atomic_fetch_add counts in i32"):
+        parse(_kernel_body("%one = arith.constant 1 : i32\n%i = arith.constant 0 : i32\n"
+                           "%t = tile.atomic_fetch_add %p[%i], %one : !tile.ptr<f32>, i32", args="%p: !tile.ptr<f32>"))
+
+
+def test_host_alloc_restored_needs_zero() -> None:
+    from xdsl.dialects.builtin import UnitAttr
+
+    from attnfuse.dialects.host import AllocOp
+
+    op = AllocOp.build(operands=[[], []], result_types=[TensorType(i32, [4])], properties={"restored": UnitAttr()})
+    with pytest.raises(VerifyException, match="`restored` applies to a `zero` buffer"):
+        op.verify()
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,8 @@
   sinks + 128-key window, Gemma 2 softcap + 4096-key window with D = 256, ALiBi);
 * one compiled split kernel (and combine kernel) serves every length and batch: the
   split count changes, Triton compiles each kernel once;
+* with `split-kv{merge=true}`, the last split program merging the splits, in two CUDA graphs of one plan replayed
+  at once and between eager calls;
 * a training step whose forward runs split: gradients against the reference.
 
 Run on the GPU machine: `python -m pytest tests/gpu/test_split_kv_gpu.py -q`.
@@ -28,6 +30,7 @@ from split_kv_check import relative_error, torch_output  # noqa: E402
 
 import attnfuse  # noqa: E402
 from attnfuse import reference  # noqa: E402
+from attnfuse.passes import default_pipeline  # noqa: E402
 from attnfuse.runtime.host import call_signature  # noqa: E402
 from attnfuse.runtime.loader import load_kernels  # noqa: E402
 from attnfuse.testing import assert_close, assert_grad_close  # noqa: E402
@@ -66,7 +69,7 @@ def check(program: Program, batch: int, q_len: int, kv_len: int, seed: int = 0) 
     args = _cuda(program.inputs(batch, q_len, kv_len, seed))
     out, lse = fn(*args, return_lse=True)
     ran = _split_launches(fn, args)
-    tiers = {f"{program.name}_split_kv", f"{program.name}_split_kv_small"} & set(ran)
+    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide")} & set(ran)
     assert len(tiers) == 1 and f"{program.name}_fwd" not in ran, ran
     want = reference.run(program.text, *args)
     want = want[0] if isinstance(want, tuple) else want
@@ -128,14 +131,61 @@ def test_one_kernel_serves_every_length() -> None:
     for batch, kv_len in ((1, 1000), (1, 4096), (1, 65536), (16, 8192), (64, 4096), (3, 12345)):
         args = _cuda(p.inputs(batch, 1, kv_len, 0))
         fn(*args)
-        ran = _split_launches(fn, args)  # 4 packed rows: the 16-row kernel within one wave, else the full one
-        splits.add(max(ran.get(f"decode_variants_split_kv{tier}", (0,))[0] for tier in ("", "_small")))
+        # 4 packed rows: the 16-row kernels within one wave (the wide one for splits of
+        # at least 4 blocks), else the full one
+        ran = _split_launches(fn, args)
+        splits.add(max(ran.get(f"decode_variants_split_kv{tier}", (0,))[0] for tier in ("", "_small", "_wide")))
     torch.cuda.synchronize()
     assert len(splits) >= 3, splits
     kernels = load_kernels(fn.triton_source)
-    for name in ("decode_variants_split_kv", "decode_variants_split_kv_small", "decode_variants_split_kv_combine"):
+    for name in ("decode_variants_split_kv", "decode_variants_split_kv_small", "decode_variants_split_kv_wide",
+                 "decode_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
         assert compiled == 1, f"{name}: {compiled} compiled variants"
+
+
+def test_merged_splits_in_cuda_graphs() -> None:
+    """`split-kv{merge=true}`, B = 1, Skv = 8192: 16 splits that the last split program
+    merges, counting on per-(batch, KV head) counters that must start each call at zero. Two graphs
+    captured from the same launch plan (each takes its own zeroed counters), eager
+    calls between their replays, and both graphs replayed on two streams at once:
+    every output matches the reference on its own inputs."""
+    p = llama3()
+    pipeline = default_pipeline().replace("split-kv", "split-kv{merge=true}")
+    fn = attnfuse.compile(p.text.replace("@decode(", "@decode_graphs("), pipeline=pipeline)
+    inputs = [_cuda(p.inputs(1, 1, 8192, seed)) for seed in range(4)]
+    wants = [reference.run(p.text, *args).float() for args in inputs]
+    static = [[a.clone() for a in inputs[0]] for _ in range(2)]
+    fn(*static[0])
+    assert "decode_graphs_split_kv_combine" not in _split_launches(fn, static[0])
+    graphs, outs = [], []
+    for args in static:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(fn(*args))
+        graphs.append(graph)
+
+    def close(out: torch.Tensor, want: torch.Tensor) -> bool:
+        return float((out.float() - want).abs().max()) <= 2e-2
+
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for step in range(6):
+        for g, args in enumerate(static):
+            for dst, src in zip(args, inputs[(step + g) % 4]):
+                dst.copy_(src)
+        torch.cuda.synchronize()
+        if step % 2:
+            for graph, stream in zip(graphs, streams):
+                with torch.cuda.stream(stream):
+                    graph.replay()
+        else:
+            for graph in graphs:
+                graph.replay()
+        eager = fn(*inputs[(step + 2) % 4])
+        torch.cuda.synchronize()
+        assert close(eager, wants[(step + 2) % 4])
+        for g, out in enumerate(outs):
+            assert close(out, wants[(step + g) % 4]), (step, g)
 
 
 def test_training_step_with_split_forward() -> None:

@@ -38,10 +38,10 @@ _COMPILED: dict[tuple[str, str], attnfuse.api.AttentionFunction] = {}
 
 
 def pipeline(strategy: str = "fused", options: str = "") -> str:
+    split_options = options if "block-n=" in options else f"block-n={BLOCK}{' ' + options if options else ''}"
     return (
         f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
-        f"mask-tiling{{block-m={BLOCK} block-n={BLOCK}}},split-kv{{block-n={BLOCK}{' ' + options if options else ''}}},"
-        "lower-to-tile"
+        f"mask-tiling{{block-m={BLOCK} block-n={BLOCK}}},split-kv{{{split_options}}},lower-to-tile"
     )
 
 
@@ -61,9 +61,10 @@ def launches(fn: attnfuse.api.AttentionFunction, args: Sequence[Any]) -> dict[st
 
 
 def split_grid(fn: attnfuse.api.AttentionFunction, args: Sequence[Any]) -> tuple[int, int, int]:
-    """The grid of the split kernel the plan of `args`' shape class runs (the full or the
-    16-row tier; grid[0] is the split count), (0, 0, 0) when the call does not split."""
-    ran = [grid for name, grid in launches(fn, args).items() if name.endswith(("_split_kv", "_split_kv_small"))]
+    """The grid of the split kernel the plan of `args`' shape class runs (the full, the
+    16-row or the wide tier; grid[0] is the split count), (0, 0, 0) when the call does not split."""
+    ran = [grid for name, grid in launches(fn, args).items()
+           if name.endswith(("_split_kv", "_split_kv_small", "_split_kv_wide"))]
     assert len(ran) <= 1, ran
     return ran[0] if ran else (0, 0, 0)
 
@@ -102,7 +103,7 @@ def check_decode(
     fn = compile_split(program.text, strategy, options)
     out, lse = fn(*args, return_lse=True)
     ran = launches(fn, args)
-    tiers = {f"{program.name}_split_kv", f"{program.name}_split_kv_small"} & set(ran)
+    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide")} & set(ran)
     assert len(tiers) == int(split), ran
     assert (f"{program.name}_fwd" in ran) == (not split), ran
     want = reference.run(program.text, *args)

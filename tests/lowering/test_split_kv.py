@@ -23,8 +23,10 @@ import attnfuse
 from attnfuse import reference
 from attnfuse.backends.triton.metadata import KernelMetadata
 from attnfuse.dialects.host import LaunchOp
+from attnfuse.lowering.split_combine import merge_rows_limit
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.reference import parse_program
+from attnfuse.analysis.split_kv import WIDE_MIN_BLOCKS
 from attnfuse.runtime.host import INTERPRETER_SM_COUNT, call_signature
 from attnfuse.testing import assert_grad_close
 
@@ -331,6 +333,24 @@ def test_split_count_follows_the_shape_not_the_kernel() -> None:
     assert "splits" in fn._host.metadata["f_split_kv_combine"].do_not_specialize  # noqa: SLF001
 
 
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_long_splits_take_the_wide_kernel(q_len: int) -> None:
+    """With the plan's default 64-key blocks (16-bit inputs, head dims up to 128), calls
+    whose splits each walk at least `WIDE_MIN_BLOCKS` of them in one wave take the
+    16-row kernel of 128-key blocks; shorter splits the small kernel. Two splits of 600
+    keys (5 blocks each; the wide kernel's second split ends in a partial block) and of
+    200 (2 blocks each)."""
+    p = causal().mask("causal", **BR).build(sinks=True)
+    options = "block-n=64 splits=2"
+    fn = compile_split(p.text, options=options)
+    for kv_len, tier in ((600, "wide"), (200, "small")):
+        args = p.inputs(2, q_len, kv_len, kv_len + q_len)
+        check_decode(p, 2, q_len, kv_len, args=args, options=options)
+        ran = launches(fn, args)
+        assert f"{p.name}_split_kv_{tier}" in ran and ran[f"{p.name}_split_kv_{tier}"][0] == 2, ran
+    assert WIDE_MIN_BLOCKS == 4
+
+
 def test_fixed_split_count() -> None:
     """`split-kv{splits=3}`: three splits where the keys allow, one per block below."""
     p = causal().mask("causal", **BR).build()
@@ -346,3 +366,20 @@ def test_more_splits_than_one_combine_step() -> None:
     args = p.inputs(1, 4, 600, 2)
     check_decode(p, 1, 4, 600, args=args, options="splits=40")
     assert split_grid(compile_split(p.text, options="splits=40"), args)[0] == 38
+
+
+@pytest.mark.parametrize(("splits", "merged"), [(16, True), (17, False)])
+def test_last_program_merges_up_to_its_limit(splits: int, merged: bool) -> None:
+    """`split-kv{merge=true}`: up to `merge_rows_limit` splits (16 for 4 heads of 128),
+    the split program that stores its partial results last merges them all, and the
+    combine kernel does not run; one more split and it does. Two calls on new inputs:
+    the counters that decide which program is last are back to zero after each call."""
+    p = causal(d=128).mask("causal", **BR).build(sinks=True, lse=True)
+    assert merge_rows_limit(4, 128) == 16
+    options = f"splits={splits} merge=true"
+    fn = compile_split(p.text, options=options)
+    for seed in (3, 4):  # one block of 16 keys per split
+        args = p.inputs(2, 4, 16 * splits, seed)
+        check_decode(p, 2, 4, 16 * splits, args=args, options=options)
+        ran = launches(fn, args)
+        assert ran["f_split_kv_small"][0] == splits and ("f_split_kv_combine" in ran) != merged, ran

@@ -204,3 +204,33 @@ def test_a_gluon_kernel_that_declares_its_writes_leaves_tables_static() -> None:
     finally:
         program.metadata["llama3_fwd_ws"] = meta
     assert declared == static | {"llama3_rope_table1"}
+
+
+DECODE = """
+func.func @decode_counts(%q: tensor<?x8x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x?x32xf16>) -> tensor<?x8x?x32xf16> {
+  %s = attn.scores %q, %k : tensor<?x8x?x32xf16>, tensor<?x2x?x32xf16> -> !attn.scores<?x8x?x?xf32>
+  %m = attn.mask causal %s {align = "bottom_right"} : !attn.scores<?x8x?x?xf32>
+  %p = attn.softmax %m : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
+  %o = attn.weighted_sum %p, %v : !attn.probs<?x8x?x?xf32>, tensor<?x2x?x32xf16> -> tensor<?x8x?x32xf16>
+  func.return %o : tensor<?x8x?x32xf16>
+}
+"""
+"""Decode whose split programs merge their splits, counting on `zero restored` counters."""
+
+
+def test_split_counters_are_scratch() -> None:
+    """The split-KV counters of `split-kv{merge=true}` (`host.alloc ... zero restored`)
+    are kept per stream like the workspaces: zeroed once, left zero by the kernels, so
+    later calls allocate neither, and each call's output matches the reference."""
+    pipeline = default_pipeline(without=["lower-backward"]).replace("split-kv", "split-kv{merge=true}")
+    fn = attnfuse.compile(DECODE, pipeline=pipeline)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        args = [torch.randn(1, h, n, 32, generator=g).half() for h, n in ((8, 1), (2, 100), (2, 100))]
+        out = fn(*args)
+        assert_close(out, reference.run(DECODE, *args), torch.float16)
+    plan = _plan(fn)
+    assert plan.scratch is not None
+    assert "split_counts" in _allocated(fn, plan.scratch.allocs)
+    assert "split_counts" not in _allocated(fn, plan.reusing)
+    assert "decode_counts_split_kv_combine" not in {s.meta.name for s in plan.steps if hasattr(s, "meta")}

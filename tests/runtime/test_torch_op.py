@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnfuse

@@ -169,12 +169,12 @@ def scalar_arg_names(kernel: tile.KernelOp) -> tuple[str, ...]:
 
 
 def written_arg_names(kernel: tile.KernelOp) -> tuple[str, ...] | None:
-    """Pointer arguments that a `tile.store` / `tile.atomic_add` writes through, or
+    """Pointer arguments that a `tile.store` / `tile.atomic_add` / `tile.atomic_fetch_add` writes through, or
     None when a stored-to pointer does not trace back to an argument."""
     names = kernel_arg_names(kernel)
     written: set[int] = set()
     for op in kernel.walk():
-        if not isinstance(op, (tile.StoreOp, tile.AtomicAddOp)):
+        if not isinstance(op, (tile.StoreOp, tile.AtomicAddOp, tile.AtomicFetchAddOp)):
             continue
         ptr = op.ptr
         while isinstance(ptr.owner, tile.PtrAddOp):

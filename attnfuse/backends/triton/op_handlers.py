@@ -340,6 +340,17 @@ def _store(e: TritonEmitter, op: tile.StoreOp | tile.AtomicAddOp) -> None:
         e.line(f"tl.atomic_add({address}, {e.expr(op.value)}{_masked(e, op.mask)}, sem=\"relaxed\")")
 
 
+@_emits(tile.AtomicFetchAddOp)
+def _atomic_fetch_add(e: TritonEmitter, op: tile.AtomicFetchAddOp) -> None:
+    address = f"{e.expr(op.ptr)} + {e.expr(op.offset)}"
+    e.assign(op, f"tl.atomic_add({address}, {e.expr(op.value)}, sem=\"acq_rel\")")
+
+
+@_emits(tile.BarrierOp)
+def _barrier(e: TritonEmitter, op: tile.BarrierOp) -> None:
+    e.line("tl.debug_barrier()")
+
+
 @_emits(tile.DotOp)
 def _dot(e: TritonEmitter, op: tile.DotOp) -> None:
     args = [e.expr(op.lhs), e.expr(op.rhs)]

@@ -64,6 +64,12 @@ builtin.module {
   tile.kernel @empty() attributes {launch = {}} {
     tile.return
   }
+  tile.kernel @ticket(%count: !tile.ptr<i32>, %i: i32) attributes {launch = {}} {
+    %one = arith.constant 1 : i32
+    tile.barrier
+    %t = tile.atomic_fetch_add %count[%i], %one : !tile.ptr<i32>, i32
+    tile.return
+  }
 }
 
 // CHECK:      builtin.module {
@@ -125,6 +131,12 @@ builtin.module {
 // CHECK-NEXT:     tile.return
 // CHECK-NEXT:   }
 // CHECK-NEXT:   tile.kernel @empty() attributes {num_warps = 4 : i64, num_stages = 3 : i64, launch = {}} {
+// CHECK-NEXT:     tile.return
+// CHECK-NEXT:   }
+// CHECK-NEXT:   tile.kernel @ticket(%count: !tile.ptr<i32>, %i: i32) attributes {num_warps = 4 : i64, num_stages = 3 : i64, launch = {}} {
+// CHECK-NEXT:     %one = arith.constant 1 : i32
+// CHECK-NEXT:     tile.barrier
+// CHECK-NEXT:     %t = tile.atomic_fetch_add %count[%i], %one : !tile.ptr<i32>, i32
 // CHECK-NEXT:     tile.return
 // CHECK-NEXT:   }
 // CHECK-NEXT: }

@@ -3,6 +3,8 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv' | filecheck %s
 // RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv{splits=3 rows=32 block-n=16 waves=4 min-blocks=1}' | filecheck %s --check-prefix=OPTS
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv,lower-to-tile' | filecheck %s --check-prefix=LOWER
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv{merge=true},lower-to-tile' | filecheck %s --check-prefix=MERGE
+// RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv{merge=true}' | attnfuse-opt --split-input-file | filecheck %s --check-prefix=MERGE-PLAN
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits=0}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits="many"}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{rows=48}' 2>&1 | filecheck %s --check-prefix=BAD-ROWS
@@ -15,14 +17,32 @@
 // into 64 rows; 64 keys per block (bf16, head dim 128).
 // CHECK-LABEL: func.func @llama(
 // CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>}
+// MERGE-PLAN-LABEL: func.func @llama(
+// MERGE-PLAN:    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1>
 // OPTS-LABEL:  func.func @llama(
 // OPTS:          split_kv = #attn.split_kv<32x16, group 4, splits 3, waves 4, min_blocks 1>
 
 // The host code: which path a call takes (its Sq x 4 rows fit 16 and its programs one
-// wave: the small split kernel; 64: the full one; more: the usual kernel), the split count from
+// wave: the wide split kernel of 128-key blocks when each split walks at least 4 blocks
+// of 64, else the small one; 64: the full one; more: the usual kernel), the split count from
 // the batch, the 8 KV heads, the KV blocks and the SM count (`%sms`, queried once for the
 // function: the Hopper forward's persistent grid reads it too), the workspace, the split
 // and combine launches, and the usual forward kernel with a zero grid when decoding.
+// With `merge=true` the 16-row kernels' last program per (batch, KV head) merges up to
+// 16 splits (4 heads of 128): counters zeroed once and left zero, the combine kernel
+// for calls beyond that or on the full tile; the kernel counts itself done after a
+// barrier and the last one merges.
+// MERGE-LABEL: func.func @llama(
+// MERGE:         %merge_in_kernel = arith.andi %several_splits, %{{.*}} : i1
+// MERGE:         %split_counts = host.alloc %{{.*}} zero restored : tensor<?xi32>
+// MERGE:         %merge = arith.select %merge_in_kernel, %one, %{{.*}} : i32
+// MERGE:         host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one] ({{.*}}, %o_part, %lse_part, %split_counts, %merge)
+// MERGE:         host.launch @llama_split_kv[%full_split_grid, %split_bh, %one] ({{.*}}, %o_part, %lse_part)
+// MERGE:         %combine_needed = arith.ori %beyond_merge_limit, %full_tile_splits : i1
+// MERGE-NEXT:    %combined = arith.andi %several_splits, %combine_needed : i1
+// MERGE:         tile.kernel @llama_split_kv_wide(
+// MERGE:           tile.barrier
+// MERGE-NEXT:      %ticket = tile.atomic_fetch_add %Counts[%{{.*}}], %{{.*}} : !tile.ptr<i32>, i32
 // LOWER-LABEL: func.func @llama(
 // LOWER:         %packed_rows = arith.muli %q_len, %{{.*}} : i32
 // LOWER:         %decoding = arith.cmpi sle, %packed_rows, %{{.*}} : i32
@@ -46,16 +66,23 @@
 // LOWER:         %workspace_slots = arith.select %decoding, %slots_padded, %{{.*}} : i32
 // LOWER-NEXT:    %o_part = host.alloc %split_grid, %workspace_slots : tensor<?x?x128xf32>
 // LOWER-NEXT:    %lse_part = host.alloc %split_grid, %workspace_slots : tensor<?x?xf32>
-// LOWER:         %split_programs = arith.muli %split_grid, %split_bh : i32
+// LOWER:         %several_splits = arith.cmpi sgt, %split_grid, %one : i32
+// LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
 // LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
 // LOWER-NOT:     split_kv_short
+// LOWER:         %fits_wide_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER-NEXT:    %wide_tile = arith.andi %fits_wide_tile, %one_wave : i1
+// LOWER:         %long_splits = arith.cmpi sge, %blocks_per_split, %{{.*}} : i32
+// LOWER-NEXT:    %wide_split = arith.andi %wide_tile, %long_splits : i1
+// LOWER:         %wide_split_grid = arith.select %wide_split, %split_grid, %{{.*}} : i32
+// LOWER:         %after_wide_grid = arith.select %wide_split, %{{.*}}, %split_grid : i32
+// LOWER-NEXT:    host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
 // LOWER:         %fits_small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
 // LOWER-NEXT:    %small_tile = arith.andi %fits_small_tile, %one_wave : i1
-// LOWER:         %small_split_grid = arith.select %small_tile, %split_grid, %{{.*}} : i32
-// LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %split_grid : i32
+// LOWER:         %small_split_grid = arith.select %small_tile, %after_wide_grid, %{{.*}} : i32
+// LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %after_wide_grid : i32
 // LOWER:         host.launch @llama_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
 // LOWER-NEXT:    host.launch @llama_split_kv[%full_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
-// LOWER-NEXT:    %several_splits = arith.cmpi sgt, %split_grid, %one : i32
 // LOWER:         %combine_grid = arith.select %several_splits, %q_len, %{{.*}} : i32
 // LOWER:         host.launch @llama_split_kv_combine[%combine_grid, %combine_bh, %one] (%o_part, %lse_part, %out, %lse, %q_len, %split_grid)
 // LOWER:         %[[GRID:.*]] = arith.select %decoding, %{{.*}}, %grid_m : i32

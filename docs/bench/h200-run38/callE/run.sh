@@ -1,0 +1,5 @@
+#!/bin/bash
+python3 -c "import xdsl" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD:$PWD/bench ATTNFUSE_CACHE_DIR=$(mktemp -d)
+timeout 200 python3 .gpu/s38_exp3.py > $OUT/exp3.log 2>&1; echo "rc $?" >> $OUT/exp3.log
+cat $OUT/exp3.log | cut -c1-1500
