@@ -13,6 +13,9 @@ lse = (m + log2 sum_s w_s) * ln 2        (and at least every lse_s: +inf stays +
 
 Rows no split reached (`lse_s = -inf` everywhere) give 0 and `lse = -inf`.
 
+`merge_in_kernel` is the same merge done inside a split kernel by its last program
+(`split-kv{merge=true}`), for all heads of a GQA group at once.
+
 ```mlir
 tile.kernel @f_split_kv_combine(%Opart: !tile.ptr<f32>, ..., %Sq: i32, %splits: i32) attributes {...} {
   %q = tile.program_id 0 : i32
@@ -83,26 +86,43 @@ def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: 
                     batch: SSAValue, kv_head: SSAValue, q_len: SSAValue, n_splits: SSAValue, *, group: int,
                     heads: int, v_dim: int, out_type: Attribute) -> None:
     """The combine of one (batch, KV head) by the split program that finished last:
-    for each query, the partial results of the `group` heads that share the KV head,
-    all splits at once (`merge_rows_limit(group, v_dim)` of them at most; the host
-    launches the combine kernel instead beyond that), merged as the combine kernel
-    merges them and written to `out` and `lse`."""
+    for each query, the partial results of every split (`merge_rows_limit(group,
+    v_dim)` of them at most; the host launches the combine kernel instead beyond that)
+    for all `group` heads that share the KV head, in one `[S * G, Dv]` tile (row
+    `s * G + g`: split `s` of head `g`, `G` = `group` padded to a power of two), merged
+    as the combine kernel merges them (reductions over the splits of a `[S, G]` view of
+    the weights and a `[S, G * Dv]` view of the weighted outputs) and written to `out`
+    and `lse`."""
     dv_pad = padded(v_dim)
+    g_pad = 1 << (group - 1).bit_length()
+    limit = merge_rows_limit(group, v_dim)
+    i = b.arange(0, limit * g_pad, name="part")
+    s, g = b.div(i, g_pad, name="s"), b.rem(i, g_pad, name="g")
+    ok = b.and_(b.lt(s, n_splits), b.lt(g, group), name="part_ok")
     d = b.arange(0, dv_pad, name="d")
     d_ok = b.lt(d, v_dim)
-    limit = merge_rows_limit(group, v_dim)
-    s = b.arange(0, limit, name="s")
-    s_ok = b.lt(s, n_splits)
+    g_rows = b.arange(0, g_pad, name="g_rows")
+    heads_of_group = b.add(b.mul(kv_head, group), g_rows, name="heads_of_group")
+    g_ok = b.lt(g_rows, group)
     with b.for_(0, q_len, 1, iv_name="q") as loop:
-        heads_of_group = [b.add(b.mul(kv_head, group), g, name=f"head{g}") for g in range(group)]
-        slots = [b.add(b.mul(b.add(b.mul(batch, heads), h), q_len), loop.iv) for h in heads_of_group]
-        # Every head's loads first, so that they are in flight together.
-        loaded = [_load_partials(b, parts, part_lse, s, s_ok, slot, d, d_ok) for slot in slots]
-        for head, (lse_s, o_s) in zip(heads_of_group, loaded):
-            acc, l_safe, lse2 = _merge_end(b, _merge(b, _merge_start(b, dv_pad), lse_s, o_s))
-            o_offs = b.add(b.mul(loop.iv, out.strides[2]), b.mul(d, out.strides[3]))
-            b.store(out.base(b, batch, head), o_offs, b.cast(b.div(acc, l_safe), out_type), mask=d_ok)
-            b.store(lse.base(b, batch, head), b.mul(loop.iv, lse.strides[2]), b.mul(lse2, LN2))
+        slot = b.add(b.mul(b.add(b.mul(batch, heads), b.add(b.mul(kv_head, group), g)), q_len), loop.iv, name="slot")
+        lse_s, o_s = _load_partials(b, parts, part_lse, s, ok, slot, d, d_ok)
+        x = b.reshape(b.minimum(lse_s, SINK_START_MAX * LOG2E), (limit, g_pad))
+        m = b.reduce_max(x, 0, name="m")
+        m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
+        w = b.exp2(b.sub(x, b.expand_dims(m_safe, 0)), name="w")
+        l = b.reduce_sum(w, 0, name="l")
+        weighted = b.mul(o_s, b.expand_dims(b.reshape(w, (limit * g_pad,)), 1))
+        acc = b.reshape(b.reduce_sum(b.reshape(weighted, (limit, g_pad * dv_pad)), 0), (g_pad, dv_pad), name="acc")
+        top = b.reduce_max(b.reshape(lse_s, (limit, g_pad)), 0)
+        acc, l_safe, lse2 = _merge_end(b, [m, l, top, acc])
+        o_offs = b.add(b.expand_dims(b.mul(b.to_i64(heads_of_group), b.to_i64(out.strides[1])), 1),
+                       b.expand_dims(b.to_i64(b.add(b.mul(loop.iv, out.strides[2]), b.mul(d, out.strides[3]))), 0))
+        b.store(out.base(b, batch), o_offs, b.cast(b.div(acc, b.expand_dims(l_safe, 1)), out_type),
+                mask=b.and_(b.expand_dims(g_ok, 1), b.expand_dims(d_ok, 0)))
+        lse_offs = b.add(b.mul(b.to_i64(heads_of_group), b.to_i64(lse.strides[1])),
+                         b.to_i64(b.mul(loop.iv, lse.strides[2])))
+        b.store(lse.base(b, batch), lse_offs, b.mul(lse2, LN2), mask=g_ok)
 
 
 def _load_partials(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, s: SSAValue, s_ok: SSAValue,

@@ -65,8 +65,9 @@ class SplitKVPass(ModulePass):
     merge: bool = False
     """The 16-row split kernels' last program per (batch, KV head) merges up to
     `merge_rows_limit` splits itself instead of the combine kernel. Off by default: as
-    lowered (one head of the group after another) it made a B = 1 decode step 2 us
-    slower on the H200 (run 38, calls F and G; docs/inference.md)."""
+    first lowered (one head of the group after another) it made a B = 1 decode step
+    about 2 us slower on the H200 (run 38, calls F and G); the one-tile merge that
+    replaced it has not run on a GPU (docs/inference.md)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()

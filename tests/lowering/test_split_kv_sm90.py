@@ -70,3 +70,16 @@ def test_split_kernels_compile_for_sm90(name: str) -> None:
     if name == "llama3_8b":  # the wide kernel's three stages of 128-key K and V tiles
         wide = compile_kernel_for_sm90(kernels["f_split_kv_wide"], specialize=True)
         assert wide.metadata.shared > SHARED_MEMORY_BUDGET // 2, wide.metadata.shared
+
+
+def test_merging_split_kernels_compile_for_sm90() -> None:
+    """`split-kv{merge=true}` for Llama-3-8B: the 16-row kernels with the merge of up to 16
+    splits (a `[64, 128]` fp32 tile of partial outputs) still compile without spills."""
+    module = parse_program(CASES["llama3_8b"])
+    pipeline = default_pipeline(without=["lower-backward"]).replace("split-kv", "split-kv{merge=true}")
+    PassManager(pipeline).run(module, make_context())
+    kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, KernelOp)}
+    for kernel_name in ("f_split_kv_small", "f_split_kv_wide"):
+        compiled = compile_kernel_for_sm90(kernels[kernel_name], specialize=True)
+        assert ptxas_usage(compiled)["spill_bytes"] == 0, kernel_name
+        assert "atom.global.gpu.acq_rel.add" in compiled.asm["ptx"], kernel_name  # the ticket, device scope
