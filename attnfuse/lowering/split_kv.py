@@ -10,9 +10,13 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
   Split 0 starts its state from the sink logits, so the sinks count once. With one split
   the program writes `out` and `lse` itself.
   Beside it, `@f_split_kv_small` with 16-row tiles (calls whose packed rows fit them and
-  whose programs fit one wave) and, for a paged cache, `@f_split_kv_short`: the smaller
-  tile, one masked loop over the split's keys, the contiguous pipeline depth (calls
-  whose SMs each walk few blocks, `SHORT_SPLIT_BLOCKS`).
+  whose programs fit one wave), on a contiguous cache `@f_split_kv_wide` (16 rows,
+  `WIDE_BLOCK_N` keys per block, the whole SM's shared memory: those calls whose splits
+  walk at least `WIDE_MIN_BLOCKS` blocks) and, for a paged cache, `@f_split_kv_short`:
+  the smaller tile, one masked loop over the split's keys, the contiguous pipeline depth
+  (calls whose SMs each walk few blocks, `SHORT_SPLIT_BLOCKS`). The 16-row kernels skip
+  loops without a block, and with `merge 1` their last program per (batch, KV head)
+  merges the splits.
 * `@f_split_kv_combine`, grid `[Sq, B * Hq, 1]`: merges the partial results of one query
   row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
 * Host code: the split count (`auto`: about `waves` programs per SM, at least
@@ -139,9 +143,9 @@ class SplitKernel(ForwardKernel):
 
     def _merge_if_last(self, pid_bh: SSAValue, batch: SSAValue) -> None:
         """For a kernel built to merge, with `merge` set (the host's choice: few enough
-        splits, `merge_rows_limit`), each program counts itself done once its partial results are stored; the last of
-        its (batch, KV head) merges them all (`merge_in_kernel`) and sets the counter
-        back to 0, as the next call expects it."""
+        splits, `merge_rows_limit`), each program counts itself done once its partial
+        results are stored; the last of its (batch, KV head) merges them all
+        (`merge_in_kernel`) and sets the counter back to 0, as the next call expects."""
         b = self.b
         if self.merge is None or self.counts is None:
             return
@@ -385,9 +389,9 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
 def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool, whole_sm: bool) -> ForwardSpec:
     """The forward spec of the split kernel with tiles of `rows` x `block_n` (`short`:
     at the pipeline depth of a contiguous cache; `whole_sm`: its pipeline sized for the
-    whole of an SM's shared memory, for calls whose programs fit one wave). It rotates its few query rows with
-    cos/sin evaluated in the kernel (a table would cost a launch per decode step), and
-    reads K's tables on every call it runs."""
+    whole of an SM's shared memory, for calls whose programs fit one wave). It rotates
+    its few query rows with cos/sin evaluated in the kernel (a table would cost a launch
+    per decode step), and reads K's tables on every call it runs."""
     online = spec.program.online
     assert online is not None
     return dataclasses.replace(
