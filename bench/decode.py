@@ -28,8 +28,8 @@ built from `kv_lens` in the timed call (`attnfuse_rope_pos_ops_*`: what a servin
 without position ids pays for the operand). JSON and a markdown table under --out:
 
     python bench/decode.py --out DIR [--batches 1,16,64] [--kv 1024,8192,32768,131072] [--sq 1,4,16]
-                           [--pipeline P] [--no-baseline-pipeline] [--page-size 16] [--graphs] [--no-flex]
-                           [--rope]
+                           [--pipeline P] [--baseline-pipeline P | --no-baseline-pipeline] [--page-size 16]
+                           [--graphs] [--no-flex] [--rope]
 
 With `--graphs` every call is also timed replayed from a CUDA graph (`<impl>_graph_ms`,
 ratios `graph_vs_*`): a server replays decode steps from graphs, and at these sizes an
@@ -305,7 +305,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if paged is not None:
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
                         del cache
-                row["splits"] = max((row["attnfuse_kernels"].get(f"decode_split_kv{tier}", 0) for tier in ("", "_small")))
+                row["splits"] = max(row["attnfuse_kernels"].get(f"decode_split_kv{tier}", 0)
+                                    for tier in ("", "_small", "_wide"))
                 for suffix in ("", "_rope"):
                     _ratios(row, "ms", "", suffix)
                     _ratios(row, "graph_ms", "graph_", suffix)
@@ -349,8 +350,8 @@ def _cell(row: dict[str, Any], key: str) -> str:
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    lines = _graph_summary(rows) + ["| B | Skv | Sq | splits | AttnFuse ms | no split-kv ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
-             "| vs flex | vs no split-kv | paged vs contiguous |",
+    lines = _graph_summary(rows) + ["| B | Skv | Sq | splits | AttnFuse ms | baseline pipeline ms | paged ms | SDPA ms (best) | flex ms | vs SDPA "
+             "| vs flex | vs baseline pipeline | paged vs contiguous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cell = [_cell(r, k) for k in
@@ -366,15 +367,15 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
     if not any("attnfuse_graph_ms" in r for r in rows):
         return []
     lines = ["CUDA-graph replay, ms per call:", "",
-             "| B | Skv | Sq | AttnFuse | paged | with lengths | SDPA (best) | flex | vs SDPA | vs flex "
-             "| paged vs contiguous | lengths vs contiguous |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| B | Skv | Sq | AttnFuse | paged | with lengths | SDPA (best) | flex | baseline pipeline | vs SDPA "
+             "| vs flex | vs baseline pipeline | paged vs contiguous | lengths vs contiguous |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cell = [_cell(r, k) for k in
                 ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "attnfuse_lens_graph_ms", "sdpa_best_graph_ms",
-                 "flex_graph_ms")]
-        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_paged_vs_contiguous",
-                                                          "graph_lens_vs_contiguous")]
+                 "flex_graph_ms", "attnfuse_no_split_graph_ms")]
+        ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_vs_no_split",
+                                                          "graph_paged_vs_contiguous", "graph_lens_vs_contiguous")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     if any("attnfuse_rope_graph_ms" in r for r in rows):
         lines += ["", "With RoPE on the new queries (AttnFuse fused; SDPA and flex after a compiled RoPE), CUDA graphs, "
@@ -405,8 +406,12 @@ def main() -> None:
     parser.add_argument("--kv", default="1024,8192,32768,131072")
     parser.add_argument("--sq", default="1,4,16")
     parser.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="AttnFuse's pipeline (default: the default one)")
+    parser.add_argument("--baseline-pipeline", default=None,
+                        help="a second AttnFuse pipeline timed in the same run, `attnfuse_no_split_*` and "
+                             "`vs_no_split` (default: the default one without split-kv), e.g. the default with "
+                             "'split-kv{merge=true}' for an A/B of one option")
     parser.add_argument("--no-baseline-pipeline", action="store_true",
-                        help="skip timing the default pipeline without split-kv")
+                        help="skip timing a second pipeline")
     parser.add_argument("--page-size", type=int, default=16,
                         help="page size of the paged KV cache rows (0: no paged rows)")
     parser.add_argument("--graphs", action="store_true",
@@ -418,12 +423,14 @@ def main() -> None:
                         help="also record each call's GPU time per kernel (`<impl>_kernel_us`, torch.profiler)")
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    baseline = None if args.no_baseline_pipeline else default_pipeline(without=["split-kv"])
+    baseline = None if args.no_baseline_pipeline else (args.baseline_pipeline
+                                                        or default_pipeline(without=["split-kv"]))
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(rows: list[dict[str, Any]]) -> None:  # after every row: a cut-short run keeps what it measured
         (args.out / "decode.json").write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "page_size": args.page_size,
+            {"device": torch.cuda.get_device_name(), "pipeline": args.pipeline, "baseline_pipeline": baseline,
+             "page_size": args.page_size,
              "flash_attn": _flash_attn_version(), "rows": rows}, indent=1))
         (args.out / "decode.md").write_text(summary(rows))
 
