@@ -9,12 +9,11 @@ counters must be zero when a call starts, and are zero again when it ends.
 * A call captured into a CUDA graph keeps the addresses it was captured with for every
   replay. A zeroed allocation there would put a memset into the graph (1.1 us per
   replay on an H200, more than the merge saved in a hand-written kernel; run 38, call
-  D). Instead the call
-  takes a slice of `ZeroedPool`, memory zeroed before the capture that no other call
-  ever gets, so graphs replayed concurrently never share counters. A plan built outside
-  a capture tops the pool up for the calls that may be captured later
-  (`reserve`); when the pool runs dry during a capture, the allocation is a memset in
-  the graph, which is slower but correct.
+  D). Instead the call takes a slice of `ZeroedPool`, memory zeroed before the capture
+  that no other call ever gets, so graphs replayed concurrently never share counters.
+  A plan built outside a capture tops the pool up for the calls that may be captured
+  later (`reserve`); when the pool runs dry during a capture, the allocation is a
+  memset in the graph, which is slower but correct.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import torch
 CHUNK_BYTES = 4 << 20
 """Bytes of zeroed memory the pool adds at a time, and keeps free where it can: a
 benchmark captures thousands of calls into one graph (`triton.testing.do_bench_cudagraph`
-captures about 100 ms of calls: 12,500 decode steps of 8 us, 400 KB of 32-byte
-counter slices at B = 1)."""
+with `rep=100`, as `bench/decode.py` calls it, captures about 100 ms of calls: 12,500
+decode steps of 8 us, 400 KB of 32-byte counter slices at B = 1)."""
 
 POOL_BYTES = 64 << 20
 """The most zeroed bytes the pool holds per device."""
