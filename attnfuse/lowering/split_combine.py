@@ -78,8 +78,13 @@ def merge_rows_limit(group: int, v_dim: int) -> int:
     """The most splits whose partial results the last program of a group merges itself
     (`merge_in_kernel`): it loads them for the group's heads at once, at most
     `MERGE_ELEMENTS` fp32 values; 0 where not even two fit."""
-    splits = MERGE_ELEMENTS // ((1 << (group - 1).bit_length()) * padded(v_dim))
+    splits = MERGE_ELEMENTS // (_group_rows(group) * padded(v_dim))
     return splits if splits >= 2 else 0
+
+
+def _group_rows(group: int) -> int:
+    """Rows a GQA group of `group` heads takes in the merge tile: a power of two."""
+    return 1 << (group - 1).bit_length()
 
 
 def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: TensorArg, lse: TensorArg,
@@ -94,7 +99,7 @@ def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: 
     the weights and a `[S, G * Dv]` view of the weighted outputs) and written to `out`
     and `lse`."""
     dv_pad = padded(v_dim)
-    g_pad = 1 << (group - 1).bit_length()
+    g_pad = _group_rows(group)
     limit = merge_rows_limit(group, v_dim)
     i = b.arange(0, limit * g_pad, name="part")
     s, g = b.div(i, g_pad, name="s"), b.rem(i, g_pad, name="g")

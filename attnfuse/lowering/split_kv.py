@@ -138,10 +138,10 @@ class SplitKernel(ForwardKernel):
         lse2 = b.where(b.eq(l_i, 0.0), float("-inf"), b.add(m_i, b.log2(l_safe)), name="lse2")
         if sink2 is not None:
             lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
-        self._store(split, batch, head, rows, row_ok, out, lse2)
+        self._store(split, batch, head, rows, row_ok, out, lse2, (pid_bh, kv_head))
         return b.finish()
 
-    def _merge_if_last(self, pid_bh: SSAValue, batch: SSAValue) -> None:
+    def _merge_if_last(self, pid_bh: SSAValue, batch: SSAValue, kv_head: SSAValue) -> None:
         """For a kernel built to merge, with `merge` set (the host's choice: few enough
         splits, `merge_rows_limit`), each program counts itself done once its partial
         results are stored; the last of its (batch, KV head) merges them all
@@ -158,7 +158,7 @@ class SplitKernel(ForwardKernel):
             last = b.if_(b.eq(ticket, b.sub(b.num_programs(0), 1), name="last"))
             with last.then_():
                 merge_in_kernel(b, self.o_part, self.lse_part, self.o_arg, self.lse_arg, batch,
-                                b.rem(pid_bh, self.hk), self.q_len_arg.value, b.num_programs(0), group=self.group,
+                                kv_head, self.q_len_arg.value, b.num_programs(0), group=self.group,
                                 heads=self.hq, v_dim=self.v_dim, out_type=self._dtype(self.spec.out))
                 b.store(self.counts.ptr, pid_bh, b.constant(0, i32))
 
@@ -189,9 +189,10 @@ class SplitKernel(ForwardKernel):
         return split_lo, b.minimum(b.add(split_lo, keys), hi, name="split_hi")
 
     def _store(self, split: SSAValue, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue,
-               out: SSAValue, lse2: SSAValue) -> None:
+               out: SSAValue, lse2: SSAValue, group: tuple[SSAValue, SSAValue]) -> None:
         """One split: `out` and `lse` (natural log); several: the workspace row `slot` =
-        `(batch * Hq + head) * Sq + query` of this split (fp32 output, base-2 lse)."""
+        `(batch * Hq + head) * Sq + query` of this split (fp32 output, base-2 lse), then
+        the merge if this program is the last of its `group` (pid_bh, KV head)."""
         b = self.b
         assert self.q_len_arg.value is not None and self.lse_arg is not None
         d = b.arange(0, padded(self.v_dim))
@@ -209,7 +210,7 @@ class SplitKernel(ForwardKernel):
                          b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
             b.store(self.o_part.base(b, split), offs, out, mask=mask)
             b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
-            self._merge_if_last(b.program_id(1), batch)
+            self._merge_if_last(group[0], batch, group[1])
 
     def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
                      rows: SSAValue) -> tuple[SSAValue, SSAValue]:

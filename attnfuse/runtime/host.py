@@ -31,8 +31,8 @@ reads is rebuilt on every call. A buffer with no elements (the split-KV workspac
 call that does not split) is allocated once and kept with the plan too, unless the
 function returns it. A `zero restored` buffer (counters the kernels set back to zero)
 is scratch like an uninitialized one; a call captured into a CUDA graph takes it from
-memory zeroed before the capture (`counters`). Calls that drop the lse may reuse one lse buffer per stream
-(`plan.lean_steps`).
+memory zeroed before the capture (`counters`). Calls that drop the lse may reuse one
+lse buffer per stream (`plan.lean_steps`).
 """
 
 from __future__ import annotations
