@@ -46,10 +46,13 @@ call: with fewer, 128-key blocks leave splits empty or half used (B = 1, Skv = 1
 run 38, call B)."""
 
 
-def wide_block_n(program: AttentionProgram, block_n: int) -> int | None:
-    """Keys per block of the wide split kernel beside a plan of `block_n` keys, or None
-    where there is none: only beside the default tiles of 16-bit inputs with head dims
-    up to 128 (`decode_tiles` 128 x 64)."""
+def wide_block_n(program: AttentionProgram, rows: int, block_n: int, group: int) -> int | None:
+    """Keys per block of the wide split kernel beside a plan of `rows` x `block_n` tiles
+    for GQA groups of `group` heads, or None where there is none: only beside a taller
+    tile than `SMALL_ROWS` rows that a group fits in, and beside the default tiles of
+    16-bit inputs with head dims up to 128 (`decode_tiles` 128 x 64)."""
+    if not group <= SMALL_ROWS < rows:
+        return None
     return WIDE_BLOCK_N if decode_tiles(program) == (128, 64) and block_n == 64 else None
 
 

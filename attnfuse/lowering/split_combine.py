@@ -74,6 +74,14 @@ def build_combine(name: str, o_part: SSAValue, lse_part: SSAValue, out: SSAValue
     return b.finish(), sig.host_operands()
 
 
+def merge_slots_limit(group: int, v_dim: int) -> int:
+    """The most workspace slots (rows per split) of a call whose splits a program merges
+    itself: its tile offsets are i32 (64-bit offsets of the `[S * G, Dv]` tile spilled in
+    gpt-oss's wide kernel), so the `merge_rows_limit` splits of the workspace stay below
+    2**31 values."""
+    return (2**31 - 1) // (merge_rows_limit(group, v_dim) * padded(v_dim))
+
+
 def merge_rows_limit(group: int, v_dim: int) -> int:
     """The most splits whose partial results the last program of a group merges itself
     (`merge_in_kernel`): it loads them for the group's heads at once, at most
@@ -111,7 +119,7 @@ def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: 
     g_ok = b.lt(g_rows, group)
     with b.for_(0, q_len, 1, iv_name="q") as loop:
         slot = b.add(b.mul(b.add(b.mul(batch, heads), b.add(b.mul(kv_head, group), g)), q_len), loop.iv, name="slot")
-        lse_s, o_s = _load_partials(b, parts, part_lse, s, ok, slot, d, d_ok)
+        lse_s, o_s = _load_partials(b, parts, part_lse, s, ok, slot, d, d_ok, narrow=True)
         x = b.reshape(b.minimum(lse_s, SINK_START_MAX * LOG2E), (limit, g_pad))
         m = b.reduce_max(x, 0, name="m")
         m_safe = b.where(b.eq(m, float("-inf")), 0.0, m)
@@ -131,11 +139,13 @@ def merge_in_kernel(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, out: 
 
 
 def _load_partials(b: TileBuilder, parts: TensorArg, part_lse: TensorArg, s: SSAValue, s_ok: SSAValue,
-                   slot: SSAValue, d: SSAValue, d_ok: SSAValue) -> tuple[SSAValue, SSAValue]:
-    """The base-2 lse `[S]` and the output `[S, Dv]` of workspace row `slot` in splits `s`."""
+                   slot: SSAValue, d: SSAValue, d_ok: SSAValue, *, narrow: bool = False) -> tuple[SSAValue, SSAValue]:
+    """The base-2 lse `[S]` and the output `[S, Dv]` of workspace row `slot` in splits `s`
+    (`narrow`: i32 offsets, for a workspace of fewer than 2**31 values)."""
     assert parts.ptr is not None and part_lse.ptr is not None
-    lse_s = b.load(part_lse.ptr, _split_offsets(b, part_lse, s, slot), mask=s_ok, other=float("-inf"), name="lse_s")
-    offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
+    lse_offs = _split_offsets(b, part_lse, s, slot, narrow)
+    lse_s = b.load(part_lse.ptr, lse_offs, mask=s_ok, other=float("-inf"), name="lse_s")
+    offs = b.add(b.expand_dims(_split_offsets(b, parts, s, slot, narrow), 1), b.expand_dims(b.mul(d, parts.strides[2]), 0))
     o_s = b.load(parts.ptr, offs, mask=b.and_(b.expand_dims(s_ok, 1), b.expand_dims(d_ok, 0)), other=0.0, name="o_s")
     return lse_s, o_s
 
@@ -168,9 +178,13 @@ def _merge_end(b: TileBuilder, state: list[SSAValue]) -> tuple[SSAValue, SSAValu
     return acc, l_safe, b.maximum(lse2, top, name="lse2")  # exactly >= every partial lse; +inf stays +inf
 
 
-def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue) -> SSAValue:
-    """i64 offsets of row `slot` of each split in a [splits, slots, ...] workspace."""
+def _split_offsets(b: TileBuilder, arg: TensorArg, splits: SSAValue, slot: SSAValue, narrow: bool) -> SSAValue:
+    """Offsets of row `slot` of each split in a [splits, slots, ...] workspace: i64, or
+    i32 where `narrow`."""
+    if narrow:
+        return b.add(b.mul(splits, arg.strides[0]), b.mul(slot, arg.strides[1]))
     return b.add(b.mul(b.to_i64(splits), b.to_i64(arg.strides[0])), b.to_i64(b.mul(slot, arg.strides[1])))
 
 
-__all__ = ["COMBINE_SPLITS", "MERGE_ELEMENTS", "build_combine", "merge_in_kernel", "merge_rows_limit"]
+__all__ = ["COMBINE_SPLITS", "MERGE_ELEMENTS", "build_combine", "merge_in_kernel", "merge_rows_limit",
+           "merge_slots_limit"]

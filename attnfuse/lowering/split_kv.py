@@ -56,7 +56,7 @@ from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel,
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
-from attnfuse.lowering.split_combine import build_combine, merge_in_kernel, merge_rows_limit
+from attnfuse.lowering.split_combine import build_combine, merge_in_kernel, merge_rows_limit, merge_slots_limit
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
 
@@ -295,7 +295,12 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     assert online is not None and spec.lse is not None
     rows, block_n = plan.rows.data, plan.block_n.data
     packed_rows, decoding = calls
-    splits, blocks_per_split = _split_count(host, spec, plan)
+    small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
+    wide = wide_block_n(spec.program, rows, block_n, plan.group.data)
+    wide_fits = None
+    if wide is not None:
+        wide_fits = host.emit(arith.CmpiOp(packed_rows, host.const(small_rows), "sle"), "fits_wide_rows")
+    splits, blocks_per_split = _split_count(host, spec, plan, wide_fits)
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
     v_dim = spec.v.type.get_shape()[3]
@@ -309,31 +314,32 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     lse_part = host.alloc(TensorType(f32, [DYNAMIC_INDEX, DYNAMIC_INDEX]), {0: split_grid, 1: slots}, "lse_part")
     name = f"{fname}_split_kv"
     split_bh = host.mul(spec.batch, hk, "split_bh")
-    # With `merge 1` and few enough splits, the program that finishes last merges them
-    # (one counter per (batch, KV head), kept zero between calls); else the combine kernel.
+    # With `merge 1`, few enough splits and a workspace its i32 offsets reach, the program
+    # that finishes last merges them (one counter per (batch, KV head), kept zero between
+    # calls); else the combine kernel.
     several = host.emit(arith.CmpiOp(split_grid, one, "sgt"), "several_splits")
     limit = merge_rows_limit(plan.group.data, v_dim) if plan.merge.data else 0
     merging: tuple[SSAValue, SSAValue] | None = None
     if limit:
-        merged = host.emit(arith.AndIOp(several, host.emit(arith.CmpiOp(split_grid, host.const(limit), "sle"))),
-                           "merge_in_kernel")
+        few = host.emit(arith.CmpiOp(split_grid, host.const(limit), "sle"), "few_splits")
+        small = host.emit(arith.CmpiOp(slots, host.const(merge_slots_limit(plan.group.data, v_dim)), "sle"),
+                          "narrow_workspace")
+        merged = host.emit(arith.AndIOp(several, host.emit(arith.AndIOp(few, small))), "merge_in_kernel")
         counts = host.alloc(TensorType(i32, [DYNAMIC_INDEX]),
                             {0: host.emit(arith.SelectOp(merged, split_bh, host.const(0)))}, "split_counts",
                             zero=True, restored=True)
         merging = counts, host.emit(arith.SelectOp(merged, one, host.const(0)), "merge")
     kernels: list[Operation] = []
-    small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
     # (name, packed rows, keys per block, whether one wave owns each SM's shared memory,
     # one loop at the contiguous depth); the first whose condition holds takes the call,
     # the last takes the rest.
     variants = [(name, rows, block_n, False, False)]
     if small_rows < rows:
         variants.insert(0, (f"{name}_small", small_rows, block_n, False, False))
-        wide = wide_block_n(spec.program, block_n)
-        if wide is not None and spec.paged is None:
-            variants.insert(0, (f"{name}_wide", small_rows, wide, True, False))
     if spec.paged is not None:
         variants.insert(0, (f"{name}_short", small_rows, block_n, False, True))
+    if wide is not None:
+        variants.insert(0, (f"{name}_wide", small_rows, wide, True, False))
     if len(variants) > 1:  # what the conditions read
         programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
         one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
@@ -349,7 +355,8 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
             # WIDE_MIN_BLOCKS blocks take the wide tile. A paged program's calls whose SMs
             # each walk at most SHORT_SPLIT_BLOCKS blocks (waves x blocks per split) take
             # the short kernel.
-            fits = host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
+            fits = wide_fits if whole_sm and wide_fits is not None else \
+                host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
             if short:
                 waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
                 per_sm = host.emit(arith.MuliOp(waves, blocks_per_split), "blocks_per_sm")
@@ -408,7 +415,8 @@ LONG_SPLIT_BLOCKS = 256
 """KV blocks (16384 keys at 64 per block) a split keeps when `auto` doubles its programs
 per SM: the H200 ran B = 16, Skv = 32768 at 0.98x SDPA with two splits and 0.95-0.96x
 with one, B = 16, Skv = 131072 at 0.99x with two (run 27) and 0.95x with one (run 30),
-while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30)."""
+while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30).
+Those were the 64-key kernels; calls the wide kernel can take keep to one wave."""
 
 
 SHORT_SPLIT_BLOCKS = 8
@@ -422,14 +430,20 @@ split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks 29.05 -> 37.80, 32 bl
 -> 29.8 (run 36, call F)."""
 
 
-def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[SSAValue, SSAValue]:
+def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr,
+                 wide_fits: SSAValue | None) -> tuple[SSAValue, SSAValue]:
     """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
     keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
     down: a partly filled last wave would take as long as a full one), each split at
     least `min_blocks` KV blocks; or, where that is more, two programs per SM (the split
     kernel's shared memory is sized for two) with every split at least
     `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
-    they lose to the combine); or, where that is more, one program per SM with at least
+    they lose to the combine), except for calls that the wide kernel can take
+    (`wide_fits`: its rows fit; it owns an SM's shared memory, so one wave of it walks
+    as many bytes at once as two programs of the 64-key kernel: at B = 16, Sq = 1, one
+    split in the wide kernel took 474.6 us at Skv = 32768 against 486.8 in two, 1880.0
+    at 131072 against 1910.9; H200, CUDA graphs, run 39 call A); or, where that is
+    more, one program per SM with at least
     one block each (`min_blocks` never leaves SMs idle: a paged B = 1, Skv = 1024 call
     took 6.8 us in 16 splits of one block against 7.9 in 8 of two, run 36 call G);
     always at least 1 and at most the KV blocks visited, and rounded so that no split
@@ -447,6 +461,8 @@ def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr) -> tuple[
         by_two_per_sm = host.emit(arith.DivSIOp(two_per_sm, programs), "splits_two_per_sm")
         long_splits = host.emit(arith.DivSIOp(blocks, host.const(LONG_SPLIT_BLOCKS)), "splits_long")
         two_waves = host.emit(arith.MinSIOp(by_two_per_sm, long_splits), "splits_two_waves")
+        if wide_fits is not None:
+            two_waves = host.emit(arith.SelectOp(wide_fits, host.const(0), two_waves), "splits_two_waves_narrow")
         by_one_per_sm = host.emit(arith.DivSIOp(host.sm_count(), programs), "splits_one_per_sm")
         fill = host.emit(arith.MinSIOp(by_one_per_sm, blocks), "splits_fill")
         wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), fill), "splits_most")

@@ -29,7 +29,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis.paging import paged_cache
-from attnfuse.analysis.split_kv import decode_tiles, default_rows, split_kv_blocker
+from attnfuse.analysis.split_kv import decode_tiles, default_rows, split_kv_blocker, wide_block_n
 from attnfuse.dialects.attn_split_kv import AUTO, SplitKVAttr
 from attnfuse.program import ProgramError, analyze, find_functions
 
@@ -57,17 +57,20 @@ class SplitKVPass(ModulePass):
     block_n: int = 0
     """Keys per KV block; 0 picks 64 (16-bit inputs, head dims <= 128), 32 or 16 (f32)."""
     waves: int = 0
-    """`auto` aims at this many programs per SM; 0: 1 on a contiguous cache, 2 on a paged
-    one (its per-tile block-table load wants more programs to hide behind)."""
+    """`auto` aims at this many programs per SM; 0: 1, or 2 on a paged cache without the
+    wide split kernel (its per-tile block-table load wants more programs to hide behind;
+    the wide kernel, one program per SM, is faster in one wave: H200, Llama-3-8B, Sq = 1,
+    pages of 16, CUDA graphs, B = 1, Skv = 8192 12.9 us against 14.9 with 2 waves;
+    B = 16, Skv = 1024 20.8 against 27.6; run 39, call B)."""
     min_blocks: int = 0
     """`auto` gives each split at least this many KV blocks where that keeps every SM
-    busy (it never leaves SMs idle); 0: 1 on a contiguous cache, 2 on a paged one."""
-    merge: bool = False
+    busy (it never leaves SMs idle); 0: as `waves`' default."""
+    merge: bool = True
     """The 16-row split kernels' last program per (batch, KV head) merges up to
-    `merge_rows_limit` splits itself instead of the combine kernel. Off by default: as
-    first lowered (one head of the group after another) it made a B = 1 decode step
-    about 2 us slower on the H200 (run 38, calls F and G); the one-tile merge that
-    replaced it has not run on a GPU (docs/inference.md)."""
+    `merge_rows_limit` splits itself instead of the combine kernel (one launch fewer;
+    B = 1, Sq = 1, CUDA graphs on the H200: Skv = 8192 9.7 us against 10.4, 32768
+    35.8 against 36.6, but 1024 5.8 against 5.6; run 39, call A). False: always the
+    combine kernel."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()
@@ -88,11 +91,12 @@ class SplitKVPass(ModulePass):
                             function.sym_name.data, reason)
                 continue
             hq, hk, _ = program.heads
-            paged = paged_cache(program) is not None
+            block_n = self.block_n or decode_tiles(program)[1]
+            wide = wide_block_n(program, rows, block_n, hq // hk)
+            deep = 2 if paged_cache(program) is not None and wide is None else 1
             online.properties["split_kv"] = SplitKVAttr(
-                rows, self.block_n or decode_tiles(program)[1], group=hq // hk, splits=splits,
-                waves=self.waves or (2 if paged else 1), min_blocks=self.min_blocks or (2 if paged else 1),
-                merge=self.merge)
+                rows, block_n, group=hq // hk, splits=splits, waves=self.waves or deep,
+                min_blocks=self.min_blocks or deep, merge=self.merge)
 
     def _splits(self) -> int:
         if self.splits == "auto":

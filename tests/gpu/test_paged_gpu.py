@@ -58,7 +58,7 @@ def check(program: PagedProgram, lens: list[int], q_len: int, *, split: bool = T
     out = fn(*args)
     out = out[0] if isinstance(out, tuple) else out
     ran = _launches(fn, args)
-    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short"} & set(ran)
+    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short", "f_split_kv_wide"} & set(ran)
     assert len(tiers) == int(split) and ("f_fwd" in ran) == (not split), ran
     want = reference.run(program.text, *cpu)
     want = want[0] if isinstance(want, tuple) else want
@@ -149,7 +149,7 @@ def test_one_kernel_serves_every_length() -> None:
     torch.cuda.synchronize()
     kernels = load_kernels(fn.triton_source)
     for name in ("paged_variants_split_kv", "paged_variants_split_kv_small", "paged_variants_split_kv_short",
-                 "paged_variants_split_kv_combine"):
+                 "paged_variants_split_kv_wide", "paged_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
         assert compiled <= 2, f"{name}: {compiled} compiled variants"
 

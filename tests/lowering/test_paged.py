@@ -20,7 +20,7 @@ from split_kv_check import launches, relative_error
 
 import attnfuse
 from attnfuse import reference
-from attnfuse.analysis.split_kv import SMALL_ROWS, default_rows
+from attnfuse.analysis.split_kv import SMALL_ROWS, WIDE_MIN_BLOCKS, default_rows
 from attnfuse.lowering.split_kv import SHORT_SPLIT_BLOCKS
 from attnfuse.program import ProgramError, analyze
 
@@ -132,6 +132,25 @@ def test_long_splits_take_the_band_loops(block: str, q_len: int) -> None:
     capacity = (-(-max(lens) // program.page_size) + 1) * program.page_size  # inputs(): one spare column
     assert -(-capacity // BLOCK // 2) > SHORT_SPLIT_BLOCKS
     check(program, q_len, lens, seed=q_len, splits=2)
+
+
+@pytest.mark.parametrize("block", ["causal", "rope_q", "alibi_slopes"])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_long_splits_take_the_wide_kernel(block: str, q_len: int) -> None:
+    """With 64-key plan blocks (16-bit inputs, head dims up to 128), calls whose splits
+    each walk at least WIDE_MIN_BLOCKS of them in one wave take the wide kernel: 128-key
+    tiles gathered from pages of 8 keys. Two splits of a table of 640 keys (5 blocks of
+    64 each; the second split ends in a partial 128-key tile); the shorter sequences
+    leave its second split's loops empty."""
+    program, lens = BLOCKS[block](), (600, 37, 259)
+    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64 splits=2}")
+    fn = compiled(program.text, pipe)
+    args = inputs(program, lens, q_len, seed=q_len)
+    result = fn(*args)
+    ran = launches(fn, args)
+    assert set(ran) & {"f_split_kv_wide", "f_split_kv_short", "f_split_kv_small"} == {"f_split_kv_wide"}, ran
+    assert ran["f_split_kv_wide"][0] == 2 and WIDE_MIN_BLOCKS == 4, ran
+    assert_matches_reference(program, args, result)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

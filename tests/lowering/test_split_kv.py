@@ -262,14 +262,16 @@ def test_group_larger_than_the_tile_falls_back(caplog: pytest.LogCaptureFixture)
 # ============================================================================ training
 
 
-def test_backward_uses_the_exact_lse() -> None:
+@pytest.mark.parametrize("merge", [True, False])
+def test_backward_uses_the_exact_lse(merge: bool) -> None:
     """A small training step: the forward of 3 queries runs split (the lse comes from the
-    combine kernel), the backward (unchanged, no split kernels) reproduces the reference
-    gradients of q, k, v and the sinks."""
+    split program that finishes last, or with `merge=false` from the combine kernel),
+    the backward (unchanged, no split kernels) reproduces the reference gradients of q,
+    k, v and the sinks."""
     p = Builder(hq=4, hkv=2, d=32).rope().alibi().mask("causal", **BR).build(sinks=True)
     pipe = (
         "attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling{block-m=16 block-n=16},"
-        "split-kv{block-n=16},lower-backward{block-m=16 block-n=16},lower-to-tile"
+        f"split-kv{{block-n=16 merge={str(merge).lower()}}},lower-backward{{block-m=16 block-n=16}},lower-to-tile"
     )
     fn = attnfuse.compile(p.text, pipeline=pipe)
     assert fn._backward is not None  # noqa: SLF001
@@ -278,7 +280,8 @@ def test_backward_uses_the_exact_lse() -> None:
     args = p.inputs(2, 3, 45, seed=1)
     leaves = [a.detach().clone().requires_grad_(True) for a in args]
     out = fn(*leaves)
-    assert "f_split_kv_combine" in launches(fn, args)
+    launched = launches(fn, args)
+    assert launched["f_split_kv_small"][0] > 1 and ("f_split_kv_combine" in launched) != merge, launched
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
     out.backward(g)
     refs = [a.detach().double().requires_grad_(True) for a in args]
@@ -307,7 +310,7 @@ def test_split_count_follows_the_shape_not_the_kernel() -> None:
     are the same objects with the same specialization for every count, so a GPU compiles
     them once. (16 query heads keep every stride a multiple of 16 whatever the batch.)"""
     p = causal(hq=16, hkv=4).mask("causal", **BR).build()
-    fn = compile_split(p.text)
+    fn = compile_split(p.text, options="merge=false")
     assert INTERPRETER_SM_COUNT == 132
     expected = {(1, 16): 1, (1, 100): 7, (1, 300): 19, (8, 100): 4, (40, 100): 1}
     seen: dict[tuple[int, int], int] = {}

@@ -81,10 +81,10 @@ def test_a_call_that_drops_lse_reuses_one_buffer() -> None:
 
 def test_buffers_that_never_leave_a_call_are_reused() -> None:
     """Compiled for inference, the rotated K of a pre-kernel and, at a split decode, the
-    split workspaces (and lse, which two launches write) are allocated once per plan and
-    stream."""
+    split workspaces and the merge's counters (and lse, which two launches write) are
+    allocated once per plan and stream."""
     fn = attnfuse.compile(ROPE, pipeline=default_pipeline(without=["lower-backward"]))
-    for q_len, kv_len, names in ((40, 40, {"k_transformed"}), (1, 256, {"k_transformed", "o_part", "lse_part"})):
+    for q_len, kv_len, names in ((40, 40, {"k_transformed"}), (1, 256, {"k_transformed", "o_part", "lse_part", "split_counts"})):
         for seed in range(3):
             args = _inputs(q_len, kv_len, seed)
             out, lse = fn(*args, return_lse=True)

@@ -16,9 +16,9 @@
 // CHECK-NEXT:    %blocks_per_sm = arith.muli %split_waves, %blocks_per_split : i32
 // CHECK:         %few_blocks = arith.cmpi sle, %blocks_per_sm, %{{.*}} : i32
 // CHECK-NEXT:    %short_split = arith.andi %fits_short_tile, %few_blocks : i1
-// CHECK:         host.launch @paged_split_kv_short[%short_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK:         host.launch @paged_split_kv_short[%short_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part, %split_counts, %merge)
 // CHECK:         %small_split_grid = arith.select %small_tile, %after_short_grid, %{{.*}} : i32
-// CHECK:         host.launch @paged_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
+// CHECK:         host.launch @paged_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part, %split_counts, %merge)
 // CHECK-NEXT:    host.launch @paged_split_kv[%full_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part)
 // CHECK:         host.launch @paged_fwd[%grid_m_1, %grid_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages)
 // CHECK-NOT:     @paged_backward

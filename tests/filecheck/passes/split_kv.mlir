@@ -1,10 +1,10 @@
 // split-kv: the #attn.split_kv plan recorded on attn.online_softmax, the programs it
 // leaves alone, its options, and the host code and kernels lower-to-tile builds from it.
 // RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv' | filecheck %s
-// RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv{splits=3 rows=32 block-n=16 waves=4 min-blocks=1}' | filecheck %s --check-prefix=OPTS
-// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv,lower-to-tile' | filecheck %s --check-prefix=LOWER
-// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv{merge=true},lower-to-tile' | filecheck %s --check-prefix=MERGE
-// RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv{merge=true}' | attnfuse-opt --split-input-file | filecheck %s --check-prefix=MERGE-PLAN
+// RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv{splits=3 rows=32 block-n=16 waves=4 min-blocks=1 merge=false}' | filecheck %s --check-prefix=OPTS
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv{merge=false},lower-to-tile' | filecheck %s --check-prefix=LOWER
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv,lower-to-tile' | filecheck %s --check-prefix=MERGE
+// RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv' | attnfuse-opt --split-input-file | filecheck %s --check-prefix=MERGE-PLAN
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits=0}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits="many"}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{rows=48}' 2>&1 | filecheck %s --check-prefix=BAD-ROWS
@@ -16,7 +16,7 @@
 // Llama 3 decoding against a cache: 4 query heads per KV head, packed 16 queries deep
 // into 64 rows; 64 keys per block (bf16, head dim 128).
 // CHECK-LABEL: func.func @llama(
-// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1>}
 // MERGE-PLAN-LABEL: func.func @llama(
 // MERGE-PLAN:    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1>
 // OPTS-LABEL:  func.func @llama(
@@ -28,12 +28,19 @@
 // the batch, the 8 KV heads, the KV blocks and the SM count (`%sms`, queried once for the
 // function: the Hopper forward's persistent grid reads it too), the workspace, the split
 // and combine launches, and the usual forward kernel with a zero grid when decoding.
-// With `merge=true` the 16-row kernels' last program per (batch, KV head) merges up to
-// 16 splits (4 heads of 128): counters zeroed once and left zero, the combine kernel
-// for calls beyond that or on the full tile; the kernel counts itself done after a
-// barrier and the last one merges.
+// By default (`merge=true`) the 16-row kernels' last program per (batch, KV head)
+// merges up to 16 splits (4 heads of 128) of a workspace its i32 offsets reach (at
+// most (2**31 - 1) // (16 x 128) = 1048575 slots per split):
+// counters zeroed once and left zero, the combine kernel for calls beyond that or on
+// the full tile; the kernel counts itself done after a barrier and the last one
+// merges. `merge=false` (LOWER) launches the combine kernel for every call of several
+// splits.
 // MERGE-LABEL: func.func @llama(
-// MERGE:         %merge_in_kernel = arith.andi %several_splits, %{{.*}} : i1
+// MERGE:         %few_splits = arith.cmpi sle, %split_grid, %{{.*}} : i32
+// MERGE-NEXT:    %[[SLOTS:.*]] = arith.constant 1048575 : i32
+// MERGE-NEXT:    %narrow_workspace = arith.cmpi sle, %workspace_slots, %[[SLOTS]] : i32
+// MERGE-NEXT:    %[[FEW:.*]] = arith.andi %few_splits, %narrow_workspace : i1
+// MERGE-NEXT:    %merge_in_kernel = arith.andi %several_splits, %[[FEW]] : i1
 // MERGE:         %split_counts = host.alloc %{{.*}} zero restored : tensor<?xi32>
 // MERGE:         %merge = arith.select %merge_in_kernel, %one, %{{.*}} : i32
 // MERGE:         host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one] ({{.*}}, %o_part, %lse_part, %split_counts, %merge)
@@ -46,6 +53,7 @@
 // LOWER-LABEL: func.func @llama(
 // LOWER:         %packed_rows = arith.muli %q_len, %{{.*}} : i32
 // LOWER:         %decoding = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER:         %fits_wide_rows = arith.cmpi sle, %packed_rows, %{{.*}} : i32
 // LOWER:         %kv_blocks_visited = arith.ceildivsi %kv_len, %{{.*}} : i32
 // LOWER:         %programs_per_split = arith.muli %batch, %{{.*}} : i32
 // LOWER:         %target_programs = arith.muli %sms, %{{.*}} : i32
@@ -56,9 +64,10 @@
 // LOWER-NEXT:    %splits_two_per_sm = arith.divsi %two_per_sm, %programs : i32
 // LOWER:         %splits_long = arith.divsi %kv_blocks, %{{.*}} : i32
 // LOWER-NEXT:    %splits_two_waves = arith.minsi %splits_two_per_sm, %splits_long : i32
+// LOWER:         %splits_two_waves_narrow = arith.select %fits_wide_rows, %{{.*}}, %splits_two_waves : i32
 // LOWER-NEXT:    %splits_one_per_sm = arith.divsi %sms, %programs : i32
 // LOWER-NEXT:    %splits_fill = arith.minsi %splits_one_per_sm, %kv_blocks : i32
-// LOWER-NEXT:    %[[M:.*]] = arith.maxsi %splits_one_wave, %splits_two_waves : i32
+// LOWER-NEXT:    %[[M:.*]] = arith.maxsi %splits_one_wave, %splits_two_waves_narrow : i32
 // LOWER-NEXT:    %splits_most = arith.maxsi %[[M]], %splits_fill : i32
 // LOWER:         %blocks_per_split = arith.ceildivsi %kv_blocks, %splits_wanted : i32
 // LOWER-NEXT:    %splits = arith.ceildivsi %kv_blocks, %blocks_per_split : i32
@@ -70,8 +79,7 @@
 // LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
 // LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
 // LOWER-NOT:     split_kv_short
-// LOWER:         %fits_wide_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
-// LOWER-NEXT:    %wide_tile = arith.andi %fits_wide_tile, %one_wave : i1
+// LOWER:         %wide_tile = arith.andi %fits_wide_rows, %one_wave : i1
 // LOWER:         %long_splits = arith.cmpi sge, %blocks_per_split, %{{.*}} : i32
 // LOWER-NEXT:    %wide_split = arith.andi %wide_tile, %long_splits : i1
 // LOWER:         %wide_split_grid = arith.select %wide_split, %split_grid, %{{.*}} : i32
@@ -138,7 +146,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 // gpt-oss: 8 query heads per KV head (128 rows), sinks, a 128-key window: the split
 // count follows the keys the window reaches, min(Skv, Sq + 127), not the whole cache.
 // CHECK-LABEL: func.func @gpt_oss(
-// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 1, min_blocks 1>
+// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 1, min_blocks 1, merge 1>
 // LOWER-LABEL: func.func @gpt_oss(
 // LOWER:         %band_keys = arith.addi %q_len, %{{.*}} : i32
 // LOWER-NEXT:    %visited_keys = arith.minsi %kv_len, %band_keys : i32
@@ -158,7 +166,7 @@ func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: te
 
 // f32 (dots on FMA units, tiles in registers): at most 32 packed rows, 16 keys per block.
 // CHECK-LABEL: func.func @wide(
-// CHECK:         split_kv = #attn.split_kv<32x16, group 4, splits auto, waves 1, min_blocks 1>
+// CHECK:         split_kv = #attn.split_kv<32x16, group 4, splits auto, waves 1, min_blocks 1, merge 1>
 func.func @wide(%q: tensor<?x8x?x256xf32>, %k: tensor<?x2x?x256xf32>, %v: tensor<?x2x?x256xf32>) -> tensor<?x8x?x256xf32> {
   %s = attn.scores %q, %k : tensor<?x8x?x256xf32>, tensor<?x2x?x256xf32> -> !attn.scores<?x8x?x?xf32>
   %p = attn.softmax %s : !attn.scores<?x8x?x?xf32> -> !attn.probs<?x8x?x?xf32>
