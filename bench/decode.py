@@ -417,7 +417,7 @@ def main() -> None:
     parser.add_argument("--baseline-pipeline", default=None,
                         help="a second AttnFuse pipeline timed in the same run, `attnfuse_no_split_*` and "
                              "`vs_no_split` (default: the default one without split-kv), e.g. the default with "
-                             "'split-kv{merge=true}' for an A/B of one option; with --page-size the paged program "
+                             "'split-kv{merge=false}' for an A/B of one option; with --page-size the paged program "
                              "too (`attnfuse_paged_no_split_*`, `paged_vs_no_split`)")
     parser.add_argument("--no-baseline-pipeline", action="store_true",
                         help="skip timing a second pipeline")
