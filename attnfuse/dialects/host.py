@@ -102,6 +102,28 @@ class SmCountOp(IRDLOperation):
 
 
 @irdl_op_definition
+class FitsI32Op(IRDLOperation):
+    """Whether i32 element offsets from its first element reach every element of each
+    operand: `sum((size - 1) * stride) < 2**31` over its dims (an empty tensor: true).
+    It depends only on the shape class of a call (shapes and strides), so a launch plan
+    holds it; kernels built with i32 offsets into large operands (a paged program's page
+    pools) are launched under it.
+
+    ```mlir
+    %fits = host.fits_i32 %k_cache, %v_cache : tensor<?x8x16x128xbf16>, tensor<?x8x16x128xbf16>
+    ```
+    """
+
+    name = "host.fits_i32"
+    tensors = var_operand_def(TensorType)
+    result = result_def(i1)
+    assembly_format = "$tensors attr-dict `:` type($tensors)"
+
+    def __init__(self, tensors: list[object]) -> None:
+        super().__init__(operands=[tensors], result_types=[i1])
+
+
+@irdl_op_definition
 class KeepsResultsOp(IRDLOperation):
     """1 when the call keeps every result of the host function, 0 when it keeps only
     the first (eager inference: `out` without lse or saved transforms), as i32. Set per
@@ -292,4 +314,4 @@ class ConvertOp(IRDLOperation):
         return None if self.order is None else tuple(int(d) for d in self.order.get_values())
 
 
-Host = Dialect("host", [DimOp, SmCountOp, KeepsResultsOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])
+Host = Dialect("host", [DimOp, SmCountOp, FitsI32Op, KeepsResultsOp, AllocOp, LaunchOp, TmaReadyOp, ReduceSumOp, ConvertOp], [])

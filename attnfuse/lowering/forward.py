@@ -294,8 +294,7 @@ class ForwardKernel:
             self.k_base = self.k_arg.base(b, batch, kv_head)
             self.v_base = self.v_arg.base(b, batch, v_head)
         else:
-            self.k_base = self.pages.pool_base(b, self.k_arg, kv_head)
-            self.v_base = self.pages.pool_base(b, self.v_arg, v_head)
+            self.k_base, self.v_base = self.pages.bases(b, kv_head, v_head)
 
     def _q_parts(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue, batch: SSAValue, dtype: Attribute) -> None:
         """Load Q as the column parts of the layout, transforming them in fp32."""
@@ -395,10 +394,10 @@ class ForwardKernel:
 
         # Full tiles lie inside [0, Skv): their loads need no bounds mask.
         load_mask = None if full_tile else col_ok
-        k_rows = v_rows = None
+        k_base, v_base, k_rows, v_rows = self.k_base, self.v_base, None, None
         if self.pages is not None:
-            k_rows, v_rows = self.pages.rows(b, cols, load_mask)
-        k_parts = load_parts(b, self.k_arg, self.k_base, cols, load_mask, self.layout, row_offsets=k_rows)
+            k_base, k_rows, v_base, v_rows = self.pages.tile(b, start_n, cols, load_mask)
+        k_parts = load_parts(b, self.k_arg, k_base, cols, load_mask, self.layout, row_offsets=k_rows)
         dtype = self._dtype(spec.k)
         if spec.k_transforms:
             k32 = {r: b.cast(t, f32) for r, t in k_parts.items()}
@@ -431,7 +430,7 @@ class ForwardKernel:
             counters = b.add(b.expand_dims(b.mul(rows, kv_len), 1), b.expand_dims(cols, 0))
             u = b.rand(self.seed_bh, counters, name="u")
             p = b.where(b.ge(u, drop), b.mul(p, 1.0 / (1.0 - drop)), 0.0, name="p_dropped")
-        v = load_rows(b, self.v_arg, self.v_base, cols, col_ok, self.v_dim, full_tile, v_rows)
+        v = load_rows(b, self.v_arg, v_base, cols, col_ok, self.v_dim, full_tile, v_rows)
         acc = b.mul(acc, b.expand_dims(alpha, 1))
         acc = b.dot(b.cast(p, self._dtype(spec.v)), v, acc, name="acc")
         return [m_new, l_new, acc]

@@ -48,15 +48,17 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DYNAMIC_INDEX, StringAttr, TensorType, f32, i32
 from xdsl.ir import Operation, SSAValue
 
-from attnfuse.analysis.split_kv import SMALL_ROWS, WIDE_MIN_BLOCKS, wide_block_n
+from attnfuse.analysis.split_kv import SMALL_ROWS, wide_block_n
 from attnfuse.analysis.tile_plan import k_transformed_in_kernel
 from attnfuse.dialects.attn_split_kv import SplitKVAttr
+from attnfuse.dialects.host import FitsI32Op
 from attnfuse.dialects.tile import KernelOp
 from attnfuse.dialects.tile_builder import Value
 from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel, ForwardSpec
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
+from attnfuse.lowering.split_host import split_count, tier_taken
 from attnfuse.lowering.split_combine import build_combine, merge_in_kernel, merge_rows_limit, merge_slots_limit
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
@@ -301,7 +303,7 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     wide_fits = None
     if wide is not None:
         wide_fits = host.emit(arith.CmpiOp(packed_rows, host.const(small_rows), "sle"), "fits_wide_rows")
-    splits, blocks_per_split = _split_count(host, spec, plan, wide_fits)
+    splits, blocks_per_split = split_count(host, spec, plan, wide_fits)
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
     v_dim = spec.v.type.get_shape()[3]
@@ -337,54 +339,51 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     variants = [(name, rows, block_n, False, False)]
     if small_rows < rows:
         variants.insert(0, (f"{name}_small", small_rows, block_n, False, False))
+    narrow = None
     if spec.paged is not None:
         variants.insert(0, (f"{name}_short", small_rows, block_n, False, True))
+        # Paged kernels address the pools with i32 offsets; calls whose pools those do
+        # not reach take the full tile with i64 offsets.
+        narrow = host.emit(FitsI32Op([spec.k, spec.v]), "pools_fit_i32")
+        variants.append((f"{name}_i64", rows, block_n, False, False))
     if wide is not None:
         variants.insert(0, (f"{name}_wide", small_rows, wide, True, False))
-    if len(variants) > 1:  # what the conditions read
+    waves: tuple[SSAValue, SSAValue] | None = None  # what the conditions read
+    if len(variants) > 1:
         programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
-        one_wave = host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
+        waves = programs, host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     grid = split_grid
+    unmerged: list[SSAValue] = []  # grids of the kernels that do not merge
     for i, (variant, tier, tier_block_n, whole_sm, short) in enumerate(variants):
         tier_grid = grid
-        if variant != name:
+        if i < len(variants) - 1:
+            assert waves is not None
             suffix = variant[len(name) + 1:]
-            # Calls whose packed rows fit the small tile and whose programs fit one wave
-            # take it (latency-bound); the rest the full one, whose larger shared-memory
-            # footprint fits two programs per SM in whole waves (run 30: the 16-row tile
-            # lost 10% at B = 64). Of those, calls whose splits walk at least
-            # WIDE_MIN_BLOCKS blocks take the wide tile. A paged program's calls whose SMs
-            # each walk at most SHORT_SPLIT_BLOCKS blocks (waves x blocks per split) take
-            # the short kernel.
-            fits = wide_fits if whole_sm and wide_fits is not None else \
-                host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
-            if short:
-                waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
-                per_sm = host.emit(arith.MuliOp(waves, blocks_per_split), "blocks_per_sm")
-                few = host.emit(arith.CmpiOp(per_sm, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
-                taken = host.emit(arith.AndIOp(fits, few), "short_split")
-            else:
-                taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
-                if whole_sm:
-                    long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"),
-                                     "long_splits")
-                    taken = host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
+            taken = tier_taken(host, suffix, tier, whole_sm, short, packed_rows, wide_fits, waves,
+                                blocks_per_split)
+            if narrow is not None:
+                taken = narrow if taken is None else host.emit(arith.AndIOp(taken, narrow), f"{suffix}_narrow")
+            assert taken is not None
+            suffix = suffix or "full"
             tier_grid = host.emit(arith.SelectOp(taken, grid, host.const(0)), f"{suffix}_split_grid")
-            rest = "full_split_grid" if i == len(variants) - 2 else f"after_{suffix}_grid"
+            rest = "full_split_grid" if i == len(variants) - 2 and narrow is None else f"after_{suffix}_grid"
             grid = host.emit(arith.SelectOp(taken, host.const(0), grid), rest)
         # The 16-row tiers (latency-bound calls) merge their own splits and skip empty
         # loops; a taller tile keeps the registers those would need.
         latency = tier == SMALL_ROWS
-        kernel = SplitKernel(_tier_spec(spec, tier, tier_block_n, short=short, whole_sm=whole_sm), variant, plan,
-                             o_part, lse_part, merging if latency else None, one_loop=short,
-                             skip_empty=latency)
+        if not latency:
+            unmerged.append(tier_grid)
+        tier_spec = _tier_spec(spec, tier, tier_block_n, short=short, whole_sm=whole_sm,
+                               narrow=narrow is not None and not variant.endswith("_i64"))
+        kernel = SplitKernel(tier_spec, variant, plan, o_part, lse_part, merging if latency else None,
+                             one_loop=short, skip_empty=latency)
         kernels.append(kernel.build())
         host.launch(variant, [tier_grid, split_bh, one], kernel.sig.host_operands())
     combined = several
     if limit:
         beyond = host.emit(arith.CmpiOp(split_grid, host.const(limit), "sgt"), "beyond_merge_limit")
-        if rows != SMALL_ROWS:  # the full tile does not merge: calls that take it combine
-            full = host.emit(arith.CmpiOp(grid, host.const(0), "sgt"), "full_tile_splits")
+        for full_grid in unmerged:  # calls that take a tile that does not merge combine
+            full = host.emit(arith.CmpiOp(full_grid, host.const(0), "sgt"), "full_tile_splits")
             beyond = host.emit(arith.OrIOp(beyond, full), "combine_needed")
         combined = host.emit(arith.AndIOp(several, beyond), "combined")
     combine_grid = host.emit(arith.SelectOp(combined, spec.q_len, host.const(0)), "combine_grid")
@@ -395,95 +394,24 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     return SplitKVPath(kernels, decoding)
 
 
-def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool, whole_sm: bool) -> ForwardSpec:
+def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool, whole_sm: bool,
+               narrow: bool) -> ForwardSpec:
     """The forward spec of the split kernel with tiles of `rows` x `block_n` (`short`:
     at the pipeline depth of a contiguous cache; `whole_sm`: its pipeline sized for the
     whole of an SM's shared memory, for calls whose programs fit one wave). It rotates
     its few query rows with cos/sin evaluated in the kernel (a table would cost a launch
-    per decode step), and reads K's tables on every call it runs."""
+    per decode step), and reads K's tables on every call it runs. `narrow`: a paged
+    program's kernel with i32 offsets into the pools."""
     online = spec.program.online
     assert online is not None
+    paged = dataclasses.replace(spec.paged, narrow=True) if narrow and spec.paged is not None else spec.paged
     return dataclasses.replace(
-        spec, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
+        spec, paged=paged, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
         num_warps=split_warps(spec, rows),
         num_stages=split_stages(spec, rows, block_n, paged_depth=not short, whole_sm=whole_sm),
         launch={"role": StringAttr("split_kv")})
-
-
-LONG_SPLIT_BLOCKS = 256
-"""KV blocks (16384 keys at 64 per block) a split keeps when `auto` doubles its programs
-per SM: the H200 ran B = 16, Skv = 32768 at 0.98x SDPA with two splits and 0.95-0.96x
-with one, B = 16, Skv = 131072 at 0.99x with two (run 27) and 0.95x with one (run 30),
-while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30).
-Those were the 64-key kernels; calls the wide kernel can take keep to one wave."""
-
-
-SHORT_SPLIT_BLOCKS = 8
-"""KV blocks an SM walks (waves of split programs x blocks per split) up to which a
-paged program's calls take the short split kernel (one masked loop, three stages
-instead of five: no pipeline to fill). On the H200 (Sq = 1, 16-row tiles, CUDA graphs)
-against the band's loops at five stages with the same splits, one wave: 1 block per
-split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks 29.05 -> 37.80, 32 blocks
-52.93 -> 72.74 (run 35, call B); 2 blocks 9.98 -> 7.94 (run 36, call E); two waves
-(against the 64-row tile): 2 blocks 13.1 -> 11.1, 4 blocks 16.7 -> 15.1, 8 blocks 27.3
--> 29.8 (run 36, call F)."""
-
-
-def _split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr,
-                 wide_fits: SSAValue | None) -> tuple[SSAValue, SSAValue]:
-    """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
-    keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
-    down: a partly filled last wave would take as long as a full one), each split at
-    least `min_blocks` KV blocks; or, where that is more, two programs per SM (the split
-    kernel's shared memory is sized for two) with every split at least
-    `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
-    they lose to the combine), except for calls that the wide kernel can take
-    (`wide_fits`: its rows fit; it owns an SM's shared memory, so one wave of it walks
-    as many bytes at once as two programs of the 64-key kernel: at B = 16, Sq = 1, one
-    split in the wide kernel took 474.6 us at Skv = 32768 against 486.8 in two, 1880.0
-    at 131072 against 1910.9; H200, CUDA graphs, run 39 call A); or, where that is
-    more, one program per SM with at least
-    one block each (`min_blocks` never leaves SMs idle: a paged B = 1, Skv = 1024 call
-    took 6.8 us in 16 splits of one block against 7.9 in 8 of two, run 36 call G);
-    always at least 1 and at most the KV blocks visited, and rounded so that no split
-    is empty. Returns (splits, KV blocks per split)."""
-    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
-                                     host.const(1)), "kv_blocks")
-    if plan.is_auto():
-        programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
-                                           host.const(1)), "programs")
-        per_sm = host.mul(host.sm_count(), plan.waves.data, "target_programs")
-        by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
-        by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
-        one_wave = host.emit(arith.MinSIOp(by_sms, by_work), "splits_one_wave")
-        two_per_sm = host.mul(host.sm_count(), 2, "two_per_sm")
-        by_two_per_sm = host.emit(arith.DivSIOp(two_per_sm, programs), "splits_two_per_sm")
-        long_splits = host.emit(arith.DivSIOp(blocks, host.const(LONG_SPLIT_BLOCKS)), "splits_long")
-        two_waves = host.emit(arith.MinSIOp(by_two_per_sm, long_splits), "splits_two_waves")
-        if wide_fits is not None:
-            two_waves = host.emit(arith.SelectOp(wide_fits, host.const(0), two_waves), "splits_two_waves_narrow")
-        by_one_per_sm = host.emit(arith.DivSIOp(host.sm_count(), programs), "splits_one_per_sm")
-        fill = host.emit(arith.MinSIOp(by_one_per_sm, blocks), "splits_fill")
-        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), fill), "splits_most")
-        wanted = host.emit(arith.MaxSIOp(wanted, host.const(1)), "splits_wanted")
-    else:
-        wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
-    per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
-    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits"), per_split
-
-
-def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
-    """Keys the packed tile's band can reach: `min(Skv, Sq + upper - lower)` for a band
-    bounded on both sides (a sliding window) and no prefix, else `Skv`."""
-    online = spec.program.online
-    assert online is not None
-    lower, upper = online.plan.get_band()
-    if lower is None or upper is None or online.plan.get_prefix() is not None:
-        return spec.kv_len
-    reach = host.emit(arith.AddiOp(spec.q_len, host.const(upper - lower)), "band_keys")
-    return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
 
 
 __all__ = ["SplitKVPath", "SplitKernel", "decoding_calls", "lower_split_kv", "split_stages", "split_warps"]

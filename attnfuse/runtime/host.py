@@ -54,6 +54,7 @@ from attnfuse.dialects.host import (
     AllocOp,
     ConvertOp,
     DimOp,
+    FitsI32Op,
     KeepsResultsOp,
     LaunchOp,
     ReduceSumOp,
@@ -122,6 +123,13 @@ def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return INTERPRETER_SM_COUNT
+
+
+def fits_i32(tensors: Sequence[torch.Tensor]) -> bool:
+    """`host.fits_i32`: i32 element offsets from each tensor's first element reach all
+    of it."""
+    return all(sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) < 2**31
+               for t in tensors if t.numel())
 
 
 def call_signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -262,7 +270,7 @@ class HostProgram:
         static: set[SSAValue] = set()
         cached: set[LaunchOp] = set()
         for op in self.ops:
-            if isinstance(op, (DimOp, SmCountOp, arith.ConstantOp)) or (
+            if isinstance(op, (DimOp, SmCountOp, FitsI32Op, arith.ConstantOp)) or (
                 _scalar_fn(op) is not None and all(o in static for o in op.operands)
             ):
                 static.update(op.results)
@@ -362,6 +370,9 @@ class HostProgram:
             return lambda state: state.keep(out, self._table(op, state.device))
         if isinstance(op, SmCountOp):
             return lambda state: state.static_value(out, sm_count(state.device))
+        if isinstance(op, FitsI32Op):
+            tensors = [self.slots[t] for t in op.tensors]
+            return lambda state: state.static_value(out, fits_i32([state.slots[t] for t in tensors]))
         if isinstance(op, KeepsResultsOp):
             return lambda state: state.slots.__setitem__(out, 1)  # a first call returns every result
         if (fn := _scalar_fn(op)) is not None:

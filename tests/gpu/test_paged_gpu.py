@@ -8,6 +8,7 @@
   sinks + 128-key window, Gemma 2 softcap + window with D = 256, ALiBi);
 * `append_paged_kv` with Llama-3 RoPE followed by attention, against the contiguous
   reference;
+* pools beyond i32 offsets (reported so) take the split kernel with i64 offsets;
 * one compiled kernel serves every length (lengths are data, not shapes);
 * a contiguous cache with per-sequence lengths (`kv_lens` without a block table).
 
@@ -58,7 +59,7 @@ def check(program: PagedProgram, lens: list[int], q_len: int, *, split: bool = T
     out = fn(*args)
     out = out[0] if isinstance(out, tuple) else out
     ran = _launches(fn, args)
-    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short", "f_split_kv_wide"} & set(ran)
+    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short", "f_split_kv_wide", "f_split_kv_i64"} & set(ran)
     assert len(tiers) == int(split) and ("f_fwd" in ran) == (not split), ran
     want = reference.run(program.text, *cpu)
     want = want[0] if isinstance(want, tuple) else want
@@ -72,6 +73,13 @@ def check(program: PagedProgram, lens: list[int], q_len: int, *, split: bool = T
 ])
 def test_llama3(lens: list[int], q_len: int, split: bool) -> None:
     check(llama3(), lens, q_len, split=split)
+
+
+def test_pools_beyond_i32_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pools that i32 offsets do not reach (reported so) take the split kernel with i64
+    offsets."""
+    monkeypatch.setattr("attnfuse.runtime.host.fits_i32", lambda tensors: False)
+    check(llama3(), [8191, 100, 3000], 1)
 
 
 def test_rope_at_cache_offset() -> None:

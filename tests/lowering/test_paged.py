@@ -21,7 +21,7 @@ from split_kv_check import launches, relative_error
 import attnfuse
 from attnfuse import reference
 from attnfuse.analysis.split_kv import SMALL_ROWS, WIDE_MIN_BLOCKS, default_rows
-from attnfuse.lowering.split_kv import SHORT_SPLIT_BLOCKS
+from attnfuse.lowering.split_host import SHORT_SPLIT_BLOCKS
 from attnfuse.program import ProgramError, analyze
 
 BLOCK = 16
@@ -164,13 +164,52 @@ def test_shapes(q_len: int, hq: int, hkv: int, dtype: torch.dtype) -> None:
     check(p, q_len, dtype=dtype)
 
 
-@pytest.mark.parametrize("page", [1, 16, 24])
+@pytest.mark.parametrize("page", [1, 16, 24, 32])
 def test_page_sizes(page: int) -> None:
-    """One key per page, pages as large as a KV block, and a page size that is not a
-    power of two (tiles span page boundaries at varying offsets)."""
+    """One key per page, pages as large as a KV block (each tile reads one block-table
+    entry), a page size that is not a power of two (tiles span page boundaries at
+    varying offsets), and pages of two blocks (a tile starts mid-page)."""
     p = paged(page=page, score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"])
     for q_len in (1, 20):
         check(p, q_len, (3, 50, 17))
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_pools_beyond_i32_offsets_take_the_i64_kernel(q_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split kernels but one address the pools with i32 offsets; a call whose pools
+    those do not reach (`host.fits_i32` false: here reported so, a real one would hold
+    2**31 elements) takes the full tile with i64 offsets, and is as correct."""
+    calls: list[int] = []
+
+    def fits_i32(tensors: Sequence[torch.Tensor]) -> bool:
+        calls.append(len(tensors))
+        return False
+
+    monkeypatch.setattr("attnfuse.runtime.host.fits_i32", fits_i32)
+    program = BLOCKS["window_sinks_lse"]()
+    fn = attnfuse.compile(program.text, pipeline=pipeline())
+    args = inputs(program, LENS, q_len, seed=q_len)
+    result = fn(*args)
+    ran = launches(fn, args)
+    assert calls == [2], calls  # the two pools, once for the launch plan
+    assert set(ran) & {"f_split_kv", "f_split_kv_i64", "f_split_kv_short", "f_split_kv_small"} == {"f_split_kv_i64"}, ran
+    assert_matches_reference(program, args, result)
+
+
+def test_fits_i32_reads_the_span_of_each_view() -> None:
+    """`host.fits_i32` is about the elements a view spans from its first, strides
+    included, not its element count (meta tensors: no memory)."""
+    from attnfuse.runtime.host import fits_i32
+
+    def t(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty_strided(shape, stride, device="meta")
+
+    pool = t((2**17 + 1, 8, 16, 128), (16384, 2048, 128, 1))
+    assert fits_i32([pool[:-1]])  # 2**31 elements: the last one 2**31 - 1 past the first
+    assert not fits_i32([pool])
+    assert not fits_i32([t((2, 4), (2**31 - 3, 1))])  # 8 elements, the second row 2**31 - 3 past the first
+    assert fits_i32([t((2, 4), (2**31 - 4, 1))])
+    assert fits_i32([t((0, 4), (2**40, 1)), t((3,), (0,))])  # empty; broadcast
 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "separate"])

@@ -132,6 +132,39 @@ def ptxas_usage(compiled: Any) -> dict[str, int]:
     return {"regs": int(regs.group(1)) if regs else -1, "spill_bytes": int(spills.group(1)) if spills else 0}
 
 
+def spills_in_loops(compiled: Any) -> int:
+    """Spill loads and stores (SASS `LDL` / `STL`) inside a loop of a compiled kernel's
+    machine code (between a backward branch and its target, from `cuobjdump -sass` on its
+    cubin): the spills that cost on every iteration. ptxas may park a value from before a
+    kernel's loops to after them, one store and one load per program."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    cuobjdump = Path(get_ptxas(90).path).with_name("cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    spills: list[int] = []
+    loops: list[tuple[int, int]] = []
+    for line in sass.splitlines():
+        at = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if at is None:
+            continue
+        pc, text = int(at.group(1), 16), at.group(2)
+        if re.search(r"\b(LDL|STL)\b", text):
+            spills.append(pc)
+        branch = re.search(r"\bBRA\s+(?:`?\(?\.L_x_\d+\)?|0x([0-9a-f]+))", text)
+        if branch and branch.group(1) and int(branch.group(1), 16) <= pc:
+            loops.append((int(branch.group(1), 16), pc))
+    return sum(any(lo <= pc <= hi for lo, hi in loops) for pc in spills)
+
+
 def ptx_target(compiled: Any) -> str:
     """The `.target` line of a compiled kernel's PTX (e.g. `.target sm_90a`)."""
     for line in compiled.asm["ptx"].splitlines():

@@ -1,0 +1,126 @@
+"""Host code of the split-KV path: how many splits a call takes, and which split kernel.
+
+`split_count` emits the split count of a `#attn.split_kv` plan (fixed, or `auto` from
+the SM count, the programs per split and the KV blocks visited); `tier_taken` the
+condition under which a call takes one of the split kernels `lower_split_kv` builds
+(the wide, short and small tiers; the full tile takes the rest).
+
+```mlir
+%splits_by_sms = arith.divsi %target_programs, %programs : i32
+%small_tile = arith.andi %fits_small_tile, %one_wave : i1
+```
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects import arith
+from xdsl.ir import SSAValue
+
+from attnfuse.analysis.split_kv import WIDE_MIN_BLOCKS
+from attnfuse.dialects.attn_split_kv import SplitKVAttr
+from attnfuse.lowering.forward import ForwardSpec
+from attnfuse.lowering.host_code import HostCode
+
+LONG_SPLIT_BLOCKS = 256
+"""KV blocks (16384 keys at 64 per block) a split keeps when `auto` doubles its programs
+per SM: the H200 ran B = 16, Skv = 32768 at 0.98x SDPA with two splits and 0.95-0.96x
+with one, B = 16, Skv = 131072 at 0.99x with two (run 27) and 0.95x with one (run 30),
+while at B = 1 16 splits beat 32 and at B = 16, Skv <= 8192 one split beats two (run 30).
+Those were the 64-key kernels; calls the wide kernel can take keep to one wave."""
+
+
+SHORT_SPLIT_BLOCKS = 8
+"""KV blocks an SM walks (waves of split programs x blocks per split) up to which a
+paged program's calls take the short split kernel (one masked loop, three stages
+instead of five: no pipeline to fill). On the H200 (Sq = 1, 16-row tiles, CUDA graphs)
+against the band's loops at five stages with the same splits, one wave: 1 block per
+split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks 29.05 -> 37.80, 32 blocks
+52.93 -> 72.74 (run 35, call B); 2 blocks 9.98 -> 7.94 (run 36, call E); two waves
+(against the 64-row tile): 2 blocks 13.1 -> 11.1, 4 blocks 16.7 -> 15.1, 8 blocks 27.3
+-> 29.8 (run 36, call F)."""
+
+
+def split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr,
+                 wide_fits: SSAValue | None) -> tuple[SSAValue, SSAValue]:
+    """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
+    keep the `B * Hkv` programs of each split within `waves` programs per SM (rounding
+    down: a partly filled last wave would take as long as a full one), each split at
+    least `min_blocks` KV blocks; or, where that is more, two programs per SM (the split
+    kernel's shared memory is sized for two) with every split at least
+    `LONG_SPLIT_BLOCKS` blocks (long streams gain from a second program per SM more than
+    they lose to the combine), except for calls that the wide kernel can take
+    (`wide_fits`: its rows fit; it owns an SM's shared memory, so one wave of it walks
+    as many bytes at once as two programs of the 64-key kernel: at B = 16, Sq = 1, one
+    split in the wide kernel took 474.6 us at Skv = 32768 against 486.8 in two, 1880.0
+    at 131072 against 1910.9; H200, CUDA graphs, run 39 call A); or, where that is
+    more, one program per SM with at least
+    one block each (`min_blocks` never leaves SMs idle: a paged B = 1, Skv = 1024 call
+    took 6.8 us in 16 splits of one block against 7.9 in 8 of two, run 36 call G);
+    always at least 1 and at most the KV blocks visited, and rounded so that no split
+    is empty. Returns (splits, KV blocks per split)."""
+    blocks = host.emit(arith.MaxSIOp(host.cdiv(_visited_keys(host, spec), plan.block_n.data, "kv_blocks_visited"),
+                                     host.const(1)), "kv_blocks")
+    if plan.is_auto():
+        programs = host.emit(arith.MaxSIOp(host.mul(spec.batch, spec.program.heads[1], "programs_per_split"),
+                                           host.const(1)), "programs")
+        per_sm = host.mul(host.sm_count(), plan.waves.data, "target_programs")
+        by_sms = host.emit(arith.DivSIOp(per_sm, programs), "splits_by_sms")
+        by_work = host.cdiv(blocks, plan.min_blocks.data, "splits_by_work")
+        one_wave = host.emit(arith.MinSIOp(by_sms, by_work), "splits_one_wave")
+        two_per_sm = host.mul(host.sm_count(), 2, "two_per_sm")
+        by_two_per_sm = host.emit(arith.DivSIOp(two_per_sm, programs), "splits_two_per_sm")
+        long_splits = host.emit(arith.DivSIOp(blocks, host.const(LONG_SPLIT_BLOCKS)), "splits_long")
+        two_waves = host.emit(arith.MinSIOp(by_two_per_sm, long_splits), "splits_two_waves")
+        if wide_fits is not None:
+            two_waves = host.emit(arith.SelectOp(wide_fits, host.const(0), two_waves), "splits_two_waves_narrow")
+        by_one_per_sm = host.emit(arith.DivSIOp(host.sm_count(), programs), "splits_one_per_sm")
+        fill = host.emit(arith.MinSIOp(by_one_per_sm, blocks), "splits_fill")
+        wanted = host.emit(arith.MaxSIOp(host.emit(arith.MaxSIOp(one_wave, two_waves)), fill), "splits_most")
+        wanted = host.emit(arith.MaxSIOp(wanted, host.const(1)), "splits_wanted")
+    else:
+        wanted = host.emit(arith.MinSIOp(host.const(plan.splits.data), blocks), "splits_wanted")
+    per_split = host.emit(arith.CeilDivSIOp(blocks, wanted), "blocks_per_split")
+    return host.emit(arith.CeilDivSIOp(blocks, per_split), "splits"), per_split
+
+
+def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
+    """Keys the packed tile's band can reach: `min(Skv, Sq + upper - lower)` for a band
+    bounded on both sides (a sliding window) and no prefix, else `Skv`."""
+    online = spec.program.online
+    assert online is not None
+    lower, upper = online.plan.get_band()
+    if lower is None or upper is None or online.plan.get_prefix() is not None:
+        return spec.kv_len
+    reach = host.emit(arith.AddiOp(spec.q_len, host.const(upper - lower)), "band_keys")
+    return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
+
+
+def tier_taken(host: HostCode, suffix: str, tier: int, whole_sm: bool, short: bool, packed_rows: SSAValue,
+                wide_fits: SSAValue | None, waves: tuple[SSAValue, SSAValue],
+                blocks_per_split: SSAValue) -> SSAValue | None:
+    """Whether a call takes the split kernel `suffix` (None: the full tile, which has no
+    condition of its own). Calls whose packed rows fit the small tile and whose programs
+    fit one wave take it (latency-bound); the rest the full one, whose larger
+    shared-memory footprint fits two programs per SM in whole waves (run 30: the 16-row
+    tile lost 10% at B = 64). Of those, calls whose splits walk at least
+    `WIDE_MIN_BLOCKS` blocks take the wide tile. A paged program's calls whose SMs each
+    walk at most `SHORT_SPLIT_BLOCKS` blocks (waves x blocks per split) take the short
+    kernel. `waves`: (split programs, whether they fit one wave)."""
+    if not suffix:
+        return None
+    programs, one_wave = waves
+    fits = wide_fits if whole_sm and wide_fits is not None else \
+        host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
+    if short:
+        waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
+        per_sm = host.emit(arith.MuliOp(waves, blocks_per_split), "blocks_per_sm")
+        few = host.emit(arith.CmpiOp(per_sm, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
+        return host.emit(arith.AndIOp(fits, few), "short_split")
+    taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
+    if whole_sm:
+        long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"), "long_splits")
+        taken = host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
+    return taken
+
+
+__all__ = ["LONG_SPLIT_BLOCKS", "SHORT_SPLIT_BLOCKS", "split_count", "tier_taken"]
