@@ -9,8 +9,8 @@ kv_len = min(max(kv_lens[b], 0), max_pages * page_size)     # never past the blo
 ```
 
 and then works on logical key indices as for a contiguous cache: loop bounds, masks,
-splits. A K/V tile of `n` keys starts at a multiple of `n` (`PageView.tile`), so for the
-power-of-two page sizes its rows are found without a division per key:
+splits. A K/V tile of `n` keys starts at a multiple of `n` (`PageView.tile`), so for page
+sizes that `n` divides or that divide `n` its rows are found without a division per key:
 
 ```
 page_size % n == 0:  page = block_table[b, start / page_size]              # one entry

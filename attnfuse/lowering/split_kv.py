@@ -17,7 +17,9 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
   the smaller tile, one masked loop over the split's keys, the contiguous pipeline depth
   (calls whose SMs each walk few blocks, `SHORT_SPLIT_BLOCKS`). The 16-row kernels skip
   loops without a block, and with `merge 1` their last program per (batch, KV head)
-  merges the splits.
+  merges the splits. A paged program's split kernels address the pools with i32
+  offsets, for calls whose pools those reach (`host.fits_i32`); `@f_split_kv_i64`, the
+  full tile with i64 offsets, takes the others.
 * `@f_split_kv_combine`, grid `[Sq, B * Hq, 1]`: merges the partial results of one query
   row, weighted by `exp2(lse_s - lse)`, into `out` and the final `lse`.
 * Host code: the split count (`auto`: about `waves` programs per SM, at least

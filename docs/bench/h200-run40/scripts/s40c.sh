@@ -1,0 +1,8 @@
+#!/bin/bash
+# Session 40, call C: B = 64 tile probe; host time per call (bench_overhead).
+python3 -c "import xdsl" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD:$PWD/bench ATTNFUSE_CACHE_DIR=$(mktemp -d)
+start=$(date +%s)
+timeout 200 python3 .gpu/s40_b64.py > $OUT/b64probe.log 2>&1; echo "rc $? at $(( $(date +%s) - start ))" >> $OUT/b64probe.log
+timeout $(( 560 - ($(date +%s) - start) )) python3 bench/bench_overhead.py --out $OUT/overhead.json > $OUT/overhead.log 2>&1; echo "rc $? at $(( $(date +%s) - start ))" >> $OUT/overhead.log
+grep -v '^{' $OUT/b64probe.log | tail -9; tail -25 $OUT/overhead.log
