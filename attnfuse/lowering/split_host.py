@@ -102,25 +102,32 @@ def tier_taken(host: HostCode, suffix: str, tier: int, whole_sm: bool, short: bo
     condition of its own). Calls whose packed rows fit the small tile and whose programs
     fit one wave take it (latency-bound); the rest the full one, whose larger
     shared-memory footprint fits two programs per SM in whole waves (run 30: the 16-row
-    tile lost 10% at B = 64). Of those, calls whose splits walk at least
-    `WIDE_MIN_BLOCKS` blocks take the wide tile. A paged program's calls whose SMs each
-    walk at most `SHORT_SPLIT_BLOCKS` blocks (waves x blocks per split) take the short
-    kernel. `waves`: (split programs, whether they fit one wave)."""
+    tile lost 10% at B = 64). Calls whose splits walk at least `WIDE_MIN_BLOCKS` blocks
+    take the wide tile in one wave, and also with more programs than two per SM, where
+    the full tile runs several waves too (H200, Llama-3-8B, Sq = 1, CUDA graphs, one
+    split: B = 40, Skv = 1024 46.5 us against 53.2; B = 48, Skv = 4096 183.3 against
+    200.3; B = 64, Skv = 1024 67.5 against 68.6; B = 128, Skv = 1024 127.8 against
+    130.2; but B = 24, 1024 30.5 against 28.7 and B = 32, 1024 36.1 against 35.8, whose
+    full-tile programs fit one wave; run 40, call E). A paged program's calls whose SMs
+    each walk at most `SHORT_SPLIT_BLOCKS` blocks (waves x blocks per split) take the
+    short kernel. `waves`: (split programs, whether they fit one wave)."""
     if not suffix:
         return None
     programs, one_wave = waves
     fits = wide_fits if whole_sm and wide_fits is not None else \
         host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
     if short:
-        waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
-        per_sm = host.emit(arith.MuliOp(waves, blocks_per_split), "blocks_per_sm")
+        split_waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
+        per_sm = host.emit(arith.MuliOp(split_waves, blocks_per_split), "blocks_per_sm")
         few = host.emit(arith.CmpiOp(per_sm, host.const(SHORT_SPLIT_BLOCKS), "sle"), "few_blocks")
         return host.emit(arith.AndIOp(fits, few), "short_split")
-    taken = host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
-    if whole_sm:
-        long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"), "long_splits")
-        taken = host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
-    return taken
+    if not whole_sm:
+        return host.emit(arith.AndIOp(fits, one_wave), f"{suffix}_tile")
+    pairs = host.mul(host.sm_count(), 2, "programs_two_per_sm")
+    many = host.emit(arith.CmpiOp(programs, pairs, "sgt"), "beyond_two_per_sm")
+    taken = host.emit(arith.AndIOp(fits, host.emit(arith.OrIOp(one_wave, many), "wide_waves")), f"{suffix}_tile")
+    long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"), "long_splits")
+    return host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
 
 
 __all__ = ["LONG_SPLIT_BLOCKS", "SHORT_SPLIT_BLOCKS", "split_count", "tier_taken"]

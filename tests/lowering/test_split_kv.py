@@ -11,6 +11,7 @@ the split kernel served the call (or, where a test says so, the usual forward ke
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -352,6 +353,23 @@ def test_long_splits_take_the_wide_kernel(q_len: int) -> None:
         ran = launches(fn, args)
         assert f"{p.name}_split_kv_{tier}" in ran and ran[f"{p.name}_split_kv_{tier}"][0] == 2, ran
     assert WIDE_MIN_BLOCKS == 4
+
+
+def test_wide_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wide kernel also takes calls of more split programs than two per SM, where the
+    full tile runs several waves too; calls in between (more than one wave, at most two
+    per SM) take the full tile. A device of 2 SMs (reported so): B = 3 x 2 KV heads, 6
+    programs in one split of 5 blocks, against B = 2, 4 programs."""
+    monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
+    built = causal().mask("causal", **BR).build(sinks=True)
+    # A function of its own: compiled programs and their launch plans are shared.
+    p = dataclasses.replace(built, text=built.text.replace(f"@{built.name}(", "@two_sms("), name="two_sms")
+    for batch, tier in ((3, "two_sms_split_kv_wide"), (2, "two_sms_split_kv")):
+        args = p.inputs(batch, 1, 300, 301)
+        check_decode(p, batch, 1, 300, args=args, options="block-n=64")
+        ran = launches(compile_split(p.text, options="block-n=64"), args)
+        assert set(ran) & {"two_sms_split_kv_wide", "two_sms_split_kv_small", "two_sms_split_kv"} == {tier}, ran
+        assert ran[tier][:2] == (1, batch * 2), ran
 
 
 def test_fixed_split_count() -> None:

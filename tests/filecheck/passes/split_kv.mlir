@@ -79,7 +79,12 @@
 // LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
 // LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
 // LOWER-NOT:     split_kv_short
-// LOWER:         %wide_tile = arith.andi %fits_wide_rows, %one_wave : i1
+// The wide tile takes calls of one wave, and of more programs than two per SM (the full
+// tile's several waves).
+// LOWER:         %programs_two_per_sm = arith.muli %sms, %{{.*}} : i32
+// LOWER-NEXT:    %beyond_two_per_sm = arith.cmpi sgt, %split_programs, %programs_two_per_sm : i32
+// LOWER-NEXT:    %wide_waves = arith.ori %one_wave, %beyond_two_per_sm : i1
+// LOWER-NEXT:    %wide_tile = arith.andi %fits_wide_rows, %wide_waves : i1
 // LOWER:         %long_splits = arith.cmpi sge, %blocks_per_split, %{{.*}} : i32
 // LOWER-NEXT:    %wide_split = arith.andi %wide_tile, %long_splits : i1
 // LOWER:         %wide_split_grid = arith.select %wide_split, %split_grid, %{{.*}} : i32
