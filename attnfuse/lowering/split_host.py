@@ -7,7 +7,7 @@ condition under which a call takes one of the split kernels `lower_split_kv` bui
 
 ```mlir
 %splits_by_sms = arith.divsi %target_programs, %programs : i32
-%small_tile = arith.andi %fits_small_tile, %one_wave : i1
+%small_tile = arith.andi %fits_16_rows, %one_wave : i1
 ```
 """
 
@@ -95,9 +95,8 @@ def _visited_keys(host: HostCode, spec: ForwardSpec) -> SSAValue:
     return host.emit(arith.MinSIOp(spec.kv_len, reach), "visited_keys")
 
 
-def tier_taken(host: HostCode, suffix: str, tier: int, whole_sm: bool, short: bool, packed_rows: SSAValue,
-                wide_fits: SSAValue | None, waves: tuple[SSAValue, SSAValue],
-                blocks_per_split: SSAValue) -> SSAValue | None:
+def tier_taken(host: HostCode, suffix: str, fits: SSAValue, whole_sm: bool, short: bool,
+               waves: tuple[SSAValue, SSAValue], blocks_per_split: SSAValue) -> SSAValue | None:
     """Whether a call takes the split kernel `suffix` (None: the full tile, which has no
     condition of its own). Calls whose packed rows fit the small tile and whose programs
     fit one wave take it (latency-bound); the rest the full one, whose larger
@@ -110,12 +109,11 @@ def tier_taken(host: HostCode, suffix: str, tier: int, whole_sm: bool, short: bo
     130.2; but B = 24, 1024 30.5 against 28.7 and B = 32, 1024 36.1 against 35.8, whose
     full-tile programs fit one wave; run 40, call E). A paged program's calls whose SMs
     each walk at most `SHORT_SPLIT_BLOCKS` blocks (waves x blocks per split) take the
-    short kernel. `waves`: (split programs, whether they fit one wave)."""
+    short kernel. `fits`: whether the call's packed rows fit the kernel's tile; `waves`:
+    (split programs, whether they fit one wave)."""
     if not suffix:
         return None
     programs, one_wave = waves
-    fits = wide_fits if whole_sm and wide_fits is not None else \
-        host.emit(arith.CmpiOp(packed_rows, host.const(tier), "sle"), f"fits_{suffix}_tile")
     if short:
         split_waves = host.emit(arith.CeilDivSIOp(programs, host.sm_count()), "split_waves")
         per_sm = host.emit(arith.MuliOp(split_waves, blocks_per_split), "blocks_per_sm")

@@ -301,10 +301,17 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     rows, block_n = plan.rows.data, plan.block_n.data
     packed_rows, decoding = calls
     small_rows = SMALL_ROWS if plan.group.data <= SMALL_ROWS else rows
+    rows_fit: dict[int, SSAValue] = {}
+
+    def fits(tile_rows: int) -> SSAValue:
+        """Whether the call's packed rows fit a tile of `tile_rows` (one compare per size)."""
+        if tile_rows not in rows_fit:
+            rows_fit[tile_rows] = host.emit(arith.CmpiOp(packed_rows, host.const(tile_rows), "sle"),
+                                            f"fits_{tile_rows}_rows")
+        return rows_fit[tile_rows]
+
     wide = wide_block_n(spec.program, rows, block_n, plan.group.data)
-    wide_fits = None
-    if wide is not None:
-        wide_fits = host.emit(arith.CmpiOp(packed_rows, host.const(small_rows), "sle"), "fits_wide_rows")
+    wide_fits = fits(small_rows) if wide is not None else None
     splits, blocks_per_split = split_count(host, spec, plan, wide_fits)
     split_grid = host.emit(arith.SelectOp(decoding, splits, host.const(0)), "split_grid")
     assert isinstance(spec.v.type, TensorType)
@@ -361,8 +368,7 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
         if i < len(variants) - 1:
             assert waves is not None
             suffix = variant[len(name) + 1:]
-            taken = tier_taken(host, suffix, tier, whole_sm, short, packed_rows, wide_fits, waves,
-                                blocks_per_split)
+            taken = tier_taken(host, suffix, fits(tier), whole_sm, short, waves, blocks_per_split)
             if narrow is not None:
                 taken = narrow if taken is None else host.emit(arith.AndIOp(taken, narrow), f"{suffix}_narrow")
             assert taken is not None

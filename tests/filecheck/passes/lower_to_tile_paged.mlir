@@ -17,7 +17,7 @@
 // CHECK:         %split_waves = arith.ceildivsi %split_programs, %sms : i32
 // CHECK-NEXT:    %blocks_per_sm = arith.muli %split_waves, %blocks_per_split : i32
 // CHECK:         %few_blocks = arith.cmpi sle, %blocks_per_sm, %{{.*}} : i32
-// CHECK-NEXT:    %short_split = arith.andi %fits_short_tile, %few_blocks : i1
+// CHECK-NEXT:    %short_split = arith.andi %fits_16_rows, %few_blocks : i1
 // CHECK-NEXT:    %short_narrow = arith.andi %short_split, %pools_fit_i32 : i1
 // CHECK:         host.launch @paged_split_kv_short[%short_split_grid, %split_bh, %one] (%q, %kc, %vc, %out, %lse, %batch, %q_len, %kv_len, %bt, %lens, %num_pages, %o_part, %lse_part, %split_counts, %merge)
 // CHECK:         %small_narrow = arith.andi %small_tile, %pools_fit_i32 : i1

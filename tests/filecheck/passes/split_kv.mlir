@@ -53,7 +53,7 @@
 // LOWER-LABEL: func.func @llama(
 // LOWER:         %packed_rows = arith.muli %q_len, %{{.*}} : i32
 // LOWER:         %decoding = arith.cmpi sle, %packed_rows, %{{.*}} : i32
-// LOWER:         %fits_wide_rows = arith.cmpi sle, %packed_rows, %{{.*}} : i32
+// LOWER:         %fits_16_rows = arith.cmpi sle, %packed_rows, %{{.*}} : i32
 // LOWER:         %kv_blocks_visited = arith.ceildivsi %kv_len, %{{.*}} : i32
 // LOWER:         %programs_per_split = arith.muli %batch, %{{.*}} : i32
 // LOWER:         %target_programs = arith.muli %sms, %{{.*}} : i32
@@ -64,7 +64,7 @@
 // LOWER-NEXT:    %splits_two_per_sm = arith.divsi %two_per_sm, %programs : i32
 // LOWER:         %splits_long = arith.divsi %kv_blocks, %{{.*}} : i32
 // LOWER-NEXT:    %splits_two_waves = arith.minsi %splits_two_per_sm, %splits_long : i32
-// LOWER:         %splits_two_waves_narrow = arith.select %fits_wide_rows, %{{.*}}, %splits_two_waves : i32
+// LOWER:         %splits_two_waves_narrow = arith.select %fits_16_rows, %{{.*}}, %splits_two_waves : i32
 // LOWER-NEXT:    %splits_one_per_sm = arith.divsi %sms, %programs : i32
 // LOWER-NEXT:    %splits_fill = arith.minsi %splits_one_per_sm, %kv_blocks : i32
 // LOWER-NEXT:    %[[M:.*]] = arith.maxsi %splits_one_wave, %splits_two_waves_narrow : i32
@@ -84,14 +84,15 @@
 // LOWER:         %programs_two_per_sm = arith.muli %sms, %{{.*}} : i32
 // LOWER-NEXT:    %beyond_two_per_sm = arith.cmpi sgt, %split_programs, %programs_two_per_sm : i32
 // LOWER-NEXT:    %wide_waves = arith.ori %one_wave, %beyond_two_per_sm : i1
-// LOWER-NEXT:    %wide_tile = arith.andi %fits_wide_rows, %wide_waves : i1
+// LOWER-NEXT:    %wide_tile = arith.andi %fits_16_rows, %wide_waves : i1
 // LOWER:         %long_splits = arith.cmpi sge, %blocks_per_split, %{{.*}} : i32
 // LOWER-NEXT:    %wide_split = arith.andi %wide_tile, %long_splits : i1
 // LOWER:         %wide_split_grid = arith.select %wide_split, %split_grid, %{{.*}} : i32
 // LOWER:         %after_wide_grid = arith.select %wide_split, %{{.*}}, %split_grid : i32
 // LOWER-NEXT:    host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
-// LOWER:         %fits_small_tile = arith.cmpi sle, %packed_rows, %{{.*}} : i32
-// LOWER-NEXT:    %small_tile = arith.andi %fits_small_tile, %one_wave : i1
+// The small tile reads the same compare (16 rows).
+// LOWER-NOT:     arith.cmpi sle, %packed_rows
+// LOWER:         %small_tile = arith.andi %fits_16_rows, %one_wave : i1
 // LOWER:         %small_split_grid = arith.select %small_tile, %after_wide_grid, %{{.*}} : i32
 // LOWER:         %full_split_grid = arith.select %small_tile, %{{.*}}, %after_wide_grid : i32
 // LOWER:         host.launch @llama_split_kv_small[%small_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
