@@ -446,6 +446,8 @@ class HostProgram:
         def launch_instruction(state: Build) -> None:
             slots, static, device = state.slots, state.static, state.device
             grid = tuple(int(slots[g]) for g in grid_slots)
+            if 0 in grid and not cached:
+                return  # launches nothing for this shape class (a path it does not take)
             template: list[Any] = []
             fill: list[tuple[int, int]] = []
             descriptors: list[tuple[int, int, tuple[int, ...]]] = []
