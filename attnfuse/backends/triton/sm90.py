@@ -159,8 +159,8 @@ def spills_in_loops(compiled: Any) -> int:
         pc, text = int(at.group(1), 16), at.group(2)
         if re.search(r"\b(LDL|STL)\b", text):
             spills.append(pc)
-        branch = re.search(r"\bBRA\s+(?:`?\(?\.L_x_\d+\)?|0x([0-9a-f]+))", text)
-        if branch and branch.group(1) and int(branch.group(1), 16) <= pc:
+        branch = re.search(r"\bBRA\s+0x([0-9a-f]+)", text)  # cuobjdump gives branch targets as addresses
+        if branch and int(branch.group(1), 16) <= pc:
             loops.append((int(branch.group(1), 16), pc))
     return sum(any(lo <= pc <= hi for lo, hi in loops) for pc in spills)
 
