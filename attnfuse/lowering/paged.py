@@ -137,12 +137,16 @@ class PageView:
 
     def _offsets(self, b: TileBuilder, page: SSAValue, within: SSAValue) -> tuple[SSAValue, SSAValue]:
         """(K, V) element offsets of rows `within` of pages `page` from the pool bases."""
-        if self.paged.narrow:
-            return tuple(b.add(b.mul(page, arg.strides[0]), b.mul(within, arg.strides[2]), name=f"{arg.name}_rows")
-                         for arg in (self.k, self.v))  # type: ignore[return-value]
-        page64, within64 = b.to_i64(page), b.to_i64(within)
-        return tuple(b.add(b.mul(page64, b.to_i64(arg.strides[0])), b.mul(within64, b.to_i64(arg.strides[2])),
-                           name=f"{arg.name}_rows") for arg in (self.k, self.v))  # type: ignore[return-value]
+        if not self.paged.narrow:
+            page, within = b.to_i64(page), b.to_i64(within)
+
+        def rows(arg: TensorArg) -> SSAValue:
+            page_stride, row_stride = arg.strides[0], arg.strides[2]
+            if not self.paged.narrow:
+                page_stride, row_stride = b.to_i64(page_stride), b.to_i64(row_stride)
+            return b.add(b.mul(page, page_stride), b.mul(within, row_stride), name=f"{arg.name}_rows")
+
+        return rows(self.k), rows(self.v)
 
 
 def sequence_length(b: TileBuilder, lens: TensorArg, batch: SSAValue, capacity: SSAValue) -> SSAValue:
