@@ -294,7 +294,8 @@ class ForwardKernel:
             self.k_base = self.k_arg.base(b, batch, kv_head)
             self.v_base = self.v_arg.base(b, batch, v_head)
         else:
-            self.k_base, self.v_base = self.pages.bases(b, kv_head, v_head)
+            self.k_base = self.pages.pool_base(b, self.k_arg, kv_head)
+            self.v_base = self.pages.pool_base(b, self.v_arg, v_head)
 
     def _q_parts(self, q_base: SSAValue, rows: SSAValue, row_ok: SSAValue, batch: SSAValue, dtype: Attribute) -> None:
         """Load Q as the column parts of the layout, transforming them in fp32."""
@@ -396,7 +397,7 @@ class ForwardKernel:
         load_mask = None if full_tile else col_ok
         k_base, v_base, k_rows, v_rows = self.k_base, self.v_base, None, None
         if self.pages is not None:
-            k_base, k_rows, v_base, v_rows = self.pages.tile(b, start_n, cols, load_mask)
+            k_base, k_rows, v_base, v_rows = self.pages.tile(b, (k_base, v_base), start_n, cols, load_mask)
         k_parts = load_parts(b, self.k_arg, k_base, cols, load_mask, self.layout, row_offsets=k_rows)
         dtype = self._dtype(spec.k)
         if spec.k_transforms:

@@ -55,8 +55,8 @@ class PagedKV:
 
 class PageView:
     """Kernel side of `PagedKV`: declares its arguments (before `KernelSignature.start`);
-    `enter` places a program on its sequence, `bases` on its heads, `tile` finds a
-    tile's rows."""
+    `enter` places a program on its sequence, `tile` finds a tile's rows from the pool
+    bases (`pool_base`)."""
 
     def __init__(self, sig: KernelSignature, paged: PagedKV, k: TensorArg, v: TensorArg) -> None:
         self.paged = paged
@@ -65,8 +65,6 @@ class PageView:
         self.pages: ScalarArg = sig.scalar("num_pages", paged.num_pages)
         self.k, self.v = k, v
         self.table_row: SSAValue | None = None
-        self.k_base: SSAValue | None = None
-        self.v_base: SSAValue | None = None
 
     def enter(self, b: TileBuilder, batch: SSAValue, capacity: SSAValue) -> SSAValue:
         """The key count of sequence `batch`, clamped to `[0, capacity]` (`capacity`:
@@ -75,24 +73,18 @@ class PageView:
         self.table_row = self.table.base(b, batch)
         return sequence_length(b, self.lens, batch, capacity)
 
-    def bases(self, b: TileBuilder, kv_head: SSAValue, v_head: SSAValue) -> tuple[SSAValue, SSAValue]:
-        """The K and V pools' pointers at heads `kv_head`, `v_head` of page 0, which
-        `tile` starts from."""
-        self.k_base, self.v_base = self.pool_base(b, self.k, kv_head), self.pool_base(b, self.v, v_head)
-        return self.k_base, self.v_base
-
     def pool_base(self, b: TileBuilder, arg: TensorArg, head: SSAValue) -> SSAValue:
         """`arg`'s pointer at head `head` of page 0."""
         assert arg.ptr is not None
         return b.ptr_add(arg.ptr, b.mul(b.to_i64(head), b.to_i64(arg.strides[1])), name=f"{arg.name}_pool")
 
-    def tile(self, b: TileBuilder, start: SSAValue, cols: SSAValue,
+    def tile(self, b: TileBuilder, bases: tuple[SSAValue, SSAValue], start: SSAValue, cols: SSAValue,
              col_ok: SSAValue | None) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
         """(K base, K row offsets, V base, V row offsets) of the tile of keys `cols` =
         `start + arange(n)`, `start` a multiple of `n` (`col_ok` None: all in bounds);
-        page numbers clamped into the pool. The bases are `pool_base`'s, advanced to the
-        tile's page where it lies in one."""
-        assert self.k_base is not None and self.v_base is not None
+        page numbers clamped into the pool. `bases`: the K and V `pool_base`s, advanced
+        to the tile's page where it lies in one."""
+        k_base, v_base = bases
         n, size = shape_of(cols.type)[0], self.paged.page_size
         if size % n == 0:
             # One page: its entry is in the table, since the tile's first key is a key
@@ -100,7 +92,7 @@ class PageView:
             page = self._clamp(b, self._entry(b, b.div(start, size, name="page_slot"), None))
             within = b.add(b.rem(start, size), b.arange(0, n), name="page_row")
             k_base, v_base = (b.ptr_add(base, b.mul(b.to_i64(page), b.to_i64(arg.strides[0])), name=f"{arg.name}_page")
-                              for base, arg in ((self.k_base, self.k), (self.v_base, self.v)))
+                              for base, arg in ((k_base, self.k), (v_base, self.v)))
             return k_base, b.mul(within, self.k.strides[2]), v_base, b.mul(within, self.v.strides[2])
         if n % size == 0 and self.paged.narrow:
             # The in-page rows are the same for every tile (a register-held offset per
@@ -112,7 +104,7 @@ class PageView:
         else:
             slot, within = b.div(cols, size, name="page_slot"), b.rem(cols, size, name="page_row")
         k_rows, v_rows = self._offsets(b, self._clamp(b, self._entry(b, slot, col_ok)), within)
-        return self.k_base, k_rows, self.v_base, v_rows
+        return k_base, k_rows, v_base, v_rows
 
     def rows_to_write(self, b: TileBuilder, keys: SSAValue, ok: SSAValue) -> tuple[SSAValue, SSAValue, SSAValue]:
         """(K row offsets, V row offsets, mask) of keys `keys` to write where `ok`: the

@@ -78,6 +78,11 @@ class Parameter:
         return str(self.type)
 
 
+def element_span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """How far past its first element a view's last element lies, in elements."""
+    return sum((size - 1) * abs(stride) for size, stride in zip(shape, strides) if size > 1)
+
+
 def check_int32_layout(tensor: torch.Tensor, where: str) -> None:
     """Kernels take i32 strides and index within a [batch, head] slice in 32 bits."""
     shape, strides = tensor.shape, tensor.stride()
@@ -88,7 +93,7 @@ def check_int32_layout(tensor: torch.Tensor, where: str) -> None:
                 f"(at most {INT32_MAX}); pass a contiguous copy (.contiguous())"
             )
     leading = {4: 2, 3: 1, 2: 1}.get(len(shape), 0)
-    span = sum((size - 1) * abs(stride) for size, stride in zip(shape[leading:], strides[leading:]) if size > 1)
+    span = element_span(shape[leading:], strides[leading:])
     if span > INT32_MAX:
         raise AttnfuseArgumentError(
             f"{where}: shape {tuple(shape)} with strides {strides} spans {span} elements within "

@@ -61,7 +61,7 @@ from attnfuse.dialects.host import (
     SmCountOp,
     TmaReadyOp,
 )
-from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, torch_dtype
+from attnfuse.runtime.checks import AttnfuseArgumentError, check_int32_layout, element_span, torch_dtype
 from attnfuse.runtime.launch import KernelLaunch, tma_view
 from attnfuse.runtime.build import (
     NOT_DENSE,
@@ -128,8 +128,7 @@ def sm_count(device: torch.device) -> int:
 def fits_i32(tensors: Sequence[torch.Tensor]) -> bool:
     """`host.fits_i32`: i32 element offsets from each tensor's first element reach all
     of it."""
-    return all(sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) < 2**31
-               for t in tensors if t.numel())
+    return all(element_span(t.shape, t.stride()) < 2**31 for t in tensors if t.numel())
 
 
 def call_signature(args: Sequence[Any]) -> tuple[Any, ...] | None:
