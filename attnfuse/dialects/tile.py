@@ -68,7 +68,16 @@ from attnfuse.dialects.tile_types import (
 )
 from attnfuse.dialects.tile_compute import CmpOp, ConvertOp, DotOp, RandOp, ReduceOp, WhereOp
 
+FLATTEN = "tile.flatten"
+"""Unit attribute of an `scf.for` whose loop nest Triton fuses into one loop
+(`tl.range(..., flatten=True)`): a persistent kernel's walk over its work items, whose
+next item's first loads the software pipeliner then issues under the current item's
+last tiles. Triton fuses only the loops directly nested in it whose bounds do not
+change from item to item, and leaves the others as they are."""
+
+
 __all__ = [
+    "FLATTEN",
     "ArangeOp",
     "AtomicAddOp",
     "AtomicFetchAddOp",

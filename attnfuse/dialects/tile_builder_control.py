@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from xdsl.builder import InsertPoint
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import i1
+from xdsl.dialects.builtin import UnitAttr, i1
 from xdsl.ir import Attribute, Block, Region, SSAValue
 
+from attnfuse.dialects.tile import FLATTEN
 from attnfuse.dialects.tile_types import is_int_type
 
 if TYPE_CHECKING:
@@ -123,9 +124,11 @@ class ControlFlow:
         *,
         iv_name: str = "i",
         names: Sequence[str] | None = None,
+        flatten: bool = False,
     ) -> Iterator[ForLoop]:
         """`scf.for` over [lower, upper) by `step` (integers, widened to a common
-        type; literals are i32) carrying `inits`. Use as
+        type; literals are i32) carrying `inits`; `flatten` marks it `tile.flatten`
+        (`FLATTEN`: one loop with the loops nested in it, pipelined across them). Use as
 
         ```python
         with b.for_(0, n, 64, inits=[m_i, l_i]) as loop:
@@ -141,6 +144,8 @@ class ControlFlow:
             raise TypeError(f"loop bounds must be integers, got {lb.type}")
         body = Block(arg_types=[lb.type, *(v.type for v in inits)])
         op = scf.ForOp(lb, ub, st, list(inits), body)
+        if flatten:
+            op.attributes[FLATTEN] = UnitAttr()
         self.insert(op)
         body.args[0].name_hint = SSAValue.extract_valid_name(iv_name)
         hints = names if names is not None else [v.name_hint for v in inits]

@@ -40,6 +40,16 @@ split 11.53 -> 7.78 us, 8 blocks 20.53 -> 18.33, 16 blocks 29.05 -> 37.80, 32 bl
 -> 29.8 (run 36, call F)."""
 
 
+PERSISTENT_PROGRAMS_PER_SM = 2
+"""Programs per SM of the persistent split kernel (its pipeline one stage short of the
+whole SM's): measured at B = 64, Skv = 1024 (H200, Sq = 1, hand-written kernels of its
+tiles, CUDA graphs): two programs per SM at two stages 65.2 us, one at three 66.2, three
+at two 68.9, against 68.1 for one program per pair at three stages (session 41)."""
+
+PERSISTENT_MIN_PROGRAMS_PER_SM = 2
+"""Split programs per SM beyond which a call takes the persistent kernel."""
+
+
 def split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr,
                  wide_fits: SSAValue | None) -> tuple[SSAValue, SSAValue]:
     """Host code of the split count: the plan's fixed count, or `auto`: as many splits as
@@ -128,4 +138,22 @@ def tier_taken(host: HostCode, suffix: str, fits: SSAValue, whole_sm: bool, shor
     return host.emit(arith.AndIOp(taken, long), f"{suffix}_split")
 
 
-__all__ = ["LONG_SPLIT_BLOCKS", "SHORT_SPLIT_BLOCKS", "split_count", "tier_taken"]
+def persistent_taken(host: HostCode, fits: SSAValue, splits: SSAValue, programs: SSAValue,
+                     blocks_per_split: SSAValue) -> tuple[SSAValue, SSAValue]:
+    """(whether a call takes the persistent split kernel, its programs). It takes calls
+    of one split whose packed rows fit its tile (`fits`), whose split programs are more
+    than `PERSISTENT_MIN_PROGRAMS_PER_SM` per SM and which walk at least
+    `WIDE_MIN_BLOCKS` blocks; it runs `PERSISTENT_PROGRAMS_PER_SM` programs per SM (at
+    most one per (batch, KV head) pair), each walking its share of the pairs."""
+    one = host.emit(arith.CmpiOp(splits, host.const(1), "eq"), "one_split")
+    least = host.mul(host.sm_count(), PERSISTENT_MIN_PROGRAMS_PER_SM, "persistent_min_programs")
+    many = host.emit(arith.CmpiOp(programs, least, "sgt"), "many_programs")
+    long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"), "long_pairs")
+    taken = host.emit(arith.AndIOp(host.emit(arith.AndIOp(fits, one)), host.emit(arith.AndIOp(many, long))),
+                      "persistent_split")
+    resident = host.mul(host.sm_count(), PERSISTENT_PROGRAMS_PER_SM, "persistent_resident")
+    return taken, host.emit(arith.MinSIOp(programs, resident), "persistent_programs")
+
+
+__all__ = ["LONG_SPLIT_BLOCKS", "PERSISTENT_MIN_PROGRAMS_PER_SM", "PERSISTENT_PROGRAMS_PER_SM", "SHORT_SPLIT_BLOCKS",
+           "persistent_taken", "split_count", "tier_taken"]

@@ -60,7 +60,7 @@ from attnfuse.lowering.forward import LN2, LOG2E, SINK_START_MAX, ForwardKernel,
 from attnfuse.lowering.host_code import HostCode
 from attnfuse.lowering.qk_side import padded
 from attnfuse.lowering.signature import TensorArg
-from attnfuse.lowering.split_host import split_count, tier_taken
+from attnfuse.lowering.split_host import persistent_taken, split_count, tier_taken
 from attnfuse.lowering.split_combine import build_combine, merge_in_kernel, merge_rows_limit, merge_slots_limit
 from attnfuse.lowering.tile_fit import SHARED_MEMORY_BUDGET, kv_stages
 
@@ -92,18 +92,23 @@ class SplitKernel(ForwardKernel):
     `one_loop`: walk the split's keys in one masked loop instead of the band's loops
     (for splits of a few KV blocks, where each loop's pipeline prologue costs more than
     the mask code saves); `skip_empty`: skip the band's loops that have no block
-    (`_kv_range`); `merge`: (the counters, the host's choice) for a kernel whose last
-    program per (batch, KV head) merges the splits (`_merge_if_last`)."""
+    (`_kv_range`); `parts`: the workspace of partial outputs and lse, or None for the
+    persistent kernel: one split, grid `[programs, 1, 1]`, each program walking the
+    (batch, KV head) pairs `program_id, program_id + programs, ...` in a `tile.flatten`
+    loop; `merge`: (the counters, the host's choice) for a kernel whose last program per
+    (batch, KV head) merges the splits (`_merge_if_last`)."""
 
-    def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr, o_part: SSAValue,
-                 lse_part: SSAValue, merge: tuple[SSAValue, SSAValue] | None = None, *,
+    def __init__(self, spec: ForwardSpec, name: str, plan: SplitKVAttr,
+                 parts: tuple[SSAValue, SSAValue] | None, merge: tuple[SSAValue, SSAValue] | None = None, *,
                  one_loop: bool = False, skip_empty: bool = False) -> None:
         super().__init__(spec, name)
+        self.persistent = parts is None
         self.one_loop = one_loop
         self.skip_empty = skip_empty
         self.group = plan.group.data
-        self.o_part = self.sig.tensor("Opart", o_part)
-        self.lse_part = self.sig.tensor("LSEpart", lse_part)
+        self.parts = None
+        if parts is not None:
+            self.parts = self.sig.tensor("Opart", parts[0]), self.sig.tensor("LSEpart", parts[1])
         self.counts = self.merge = None
         if merge is not None:  # (the counters, whether this call merges)
             self.counts = self.sig.tensor("Counts", merge[0])
@@ -114,10 +119,22 @@ class SplitKernel(ForwardKernel):
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch,
                            f32_dot=spec.f32_dot)
         self.b = b
+        if not self.persistent:
+            self._pair(b.program_id(0, name="split"), b.program_id(1, name="pid_bh"), b.num_programs(0))
+            return b.finish()
+        assert self.batch_arg.value is not None
+        pairs = b.mul(self.batch_arg.value, self.hk, name="pairs")
+        with b.for_(b.program_id(0, name="first_pair"), pairs, b.num_programs(0), iv_name="pid_bh",
+                    flatten=True) as loop:
+            self._pair(b.constant(0, i32), loop.iv, None)
+        return b.finish()
+
+    def _pair(self, split: SSAValue, pid_bh: SSAValue, splits: SSAValue | None) -> None:
+        """The work of split `split` of (batch, KV head) `pid_bh`; `splits`: the split
+        count (None: one split, known when the kernel is built)."""
+        b = self.b
         q_len, kv_len = self.q_len_arg.value, self.kv_len_arg.value
         assert q_len is not None and kv_len is not None
-        split = b.program_id(0, name="split")
-        pid_bh = b.program_id(1, name="pid_bh")
         batch = b.div(pid_bh, self.hk, name="batch")
         kv_head = b.rem(pid_bh, self.hk, name="kv_head")
         packed = b.arange(0, self.block_m, name="packed")
@@ -132,7 +149,7 @@ class SplitKernel(ForwardKernel):
         self.seed_bh = None
         state, sink2 = self._start(split, head)
         ranges = self._loop_ranges(b.constant(0, q_len.type), q_len, kv_len)
-        split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1])
+        split_lo, split_hi = self._split_keys(split, ranges[0][0], ranges[-1][1], splits)
         if self.one_loop:
             ranges = [(ranges[0][0], ranges[-1][1], False)]
         for start, end, full in ranges:
@@ -143,8 +160,7 @@ class SplitKernel(ForwardKernel):
         lse2 = b.where(b.eq(l_i, 0.0), float("-inf"), b.add(m_i, b.log2(l_safe)), name="lse2")
         if sink2 is not None:
             lse2 = b.maximum(lse2, sink2)  # lse >= sink exactly; +inf for a +inf sink
-        self._store(split, batch, head, rows, row_ok, out, lse2, (pid_bh, kv_head))
-        return b.finish()
+        self._store(split, batch, head, rows, row_ok, out, lse2, (pid_bh, kv_head), splits)
 
     def _merge_if_last(self, pid_bh: SSAValue, batch: SSAValue, kv_head: SSAValue) -> None:
         """For a kernel built to merge, with `merge` set (the host's choice: few enough
@@ -152,7 +168,7 @@ class SplitKernel(ForwardKernel):
         results are stored; the last of its (batch, KV head) merges them all
         (`merge_in_kernel`) and sets the counter back to 0, as the next call expects."""
         b = self.b
-        if self.merge is None or self.counts is None:
+        if self.merge is None or self.counts is None or self.parts is None:
             return
         assert self.merge.value is not None and self.counts.ptr is not None and self.q_len_arg.value is not None
         assert self.lse_arg is not None
@@ -162,7 +178,7 @@ class SplitKernel(ForwardKernel):
             ticket = b.atomic_fetch_add(self.counts.ptr, pid_bh, 1, name="ticket")
             last = b.if_(b.eq(ticket, b.sub(b.num_programs(0), 1), name="last"))
             with last.then_():
-                merge_in_kernel(b, self.o_part, self.lse_part, self.o_arg, self.lse_arg, batch,
+                merge_in_kernel(b, *self.parts, self.o_arg, self.lse_arg, batch,
                                 kv_head, self.q_len_arg.value, b.num_programs(0), group=self.group,
                                 heads=self.hq, v_dim=self.v_dim, out_type=self._dtype(self.spec.out))
                 b.store(self.counts.ptr, pid_bh, b.constant(0, i32))
@@ -185,36 +201,50 @@ class SplitKernel(ForwardKernel):
             branch.yield_(*state)
         return list(branch.results)
 
-    def _split_keys(self, split: SSAValue, lo: Value, hi: Value) -> tuple[SSAValue, SSAValue]:
-        """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)."""
+    def _split_keys(self, split: SSAValue, lo: Value, hi: Value,
+                    splits: SSAValue | None) -> tuple[Value, Value]:
+        """[first, last) keys of this split: its share of whole KV blocks of [lo, hi)
+        (all of them for one split)."""
         b = self.b
+        if splits is None:
+            return lo, hi
         blocks = b.cdiv(b.maximum(b.sub(hi, lo), 0), self.block_n)
-        keys = b.mul(b.cdiv(blocks, b.num_programs(0)), self.block_n, name="split_keys")
+        keys = b.mul(b.cdiv(blocks, splits), self.block_n, name="split_keys")
         split_lo = b.add(lo, b.mul(split, keys), name="split_lo")
         return split_lo, b.minimum(b.add(split_lo, keys), hi, name="split_hi")
 
     def _store(self, split: SSAValue, batch: SSAValue, head: SSAValue, rows: SSAValue, row_ok: SSAValue,
-               out: SSAValue, lse2: SSAValue, group: tuple[SSAValue, SSAValue]) -> None:
+               out: SSAValue, lse2: SSAValue, group: tuple[SSAValue, SSAValue], splits: SSAValue | None) -> None:
         """One split: `out` and `lse` (natural log); several: the workspace row `slot` =
         `(batch * Hq + head) * Sq + query` of this split (fp32 output, base-2 lse), then
-        the merge if this program is the last of its `group` (pid_bh, KV head)."""
+        the merge if this program is the last of its `group` (pid_bh, KV head).
+        `splits` None: one split, known when the kernel is built."""
         b = self.b
         assert self.q_len_arg.value is not None and self.lse_arg is not None
         d = b.arange(0, padded(self.v_dim))
         mask = b.and_(b.expand_dims(row_ok, 1), b.expand_dims(b.lt(d, self.v_dim), 0))
-        alone = b.if_(b.eq(b.num_programs(0), 1, name="one_split"))
-        with alone.then_():
+
+        def final() -> None:
+            assert self.lse_arg is not None
             o_base, o_rows = self._packed_rows(self.o_arg, batch, head, rows)
             offs = b.add(b.expand_dims(o_rows, 1), b.expand_dims(b.mul(d, self.o_arg.strides[3]), 0))
             b.store(o_base, offs, b.cast(out, self._dtype(self.spec.out)), mask=mask)
             lse_base, lse_rows = self._packed_rows(self.lse_arg, batch, head, rows)
             b.store(lse_base, lse_rows, b.mul(lse2, LN2), mask=row_ok)
+
+        if splits is None or self.parts is None:
+            final()
+            return
+        o_part, lse_part = self.parts
+        alone = b.if_(b.eq(splits, 1, name="one_split"))
+        with alone.then_():
+            final()
         with alone.else_():
             slot = b.add(b.mul(b.add(b.mul(batch, self.hq), head), self.q_len_arg.value), rows, name="slot")
-            offs = b.add(b.expand_dims(b.mul(slot, self.o_part.strides[1]), 1),
-                         b.expand_dims(b.mul(d, self.o_part.strides[2]), 0))
-            b.store(self.o_part.base(b, split), offs, out, mask=mask)
-            b.store(self.lse_part.base(b, split), b.mul(slot, self.lse_part.strides[1]), lse2, mask=row_ok)
+            offs = b.add(b.expand_dims(b.mul(slot, o_part.strides[1]), 1),
+                         b.expand_dims(b.mul(d, o_part.strides[2]), 0))
+            b.store(o_part.base(b, split), offs, out, mask=mask)
+            b.store(lse_part.base(b, split), b.mul(slot, lse_part.strides[1]), lse2, mask=row_ok)
             self._merge_if_last(group[0], batch, group[1])
 
     def _packed_rows(self, arg: TensorArg, batch: SSAValue, head: SSAValue,
@@ -342,51 +372,55 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
                             zero=True, restored=True)
         merging = counts, host.emit(arith.SelectOp(merged, one, host.const(0)), "merge")
     kernels: list[Operation] = []
-    # (name, packed rows, keys per block, whether one wave owns each SM's shared memory,
-    # one loop at the contiguous depth); the first whose condition holds takes the call,
-    # the last takes the rest.
-    variants = [(name, rows, block_n, False, False)]
+    # The first tier whose condition holds takes the call, the last takes the rest.
+    tiers = [_Tier(name, rows, block_n)]
     if small_rows < rows:
-        variants.insert(0, (f"{name}_small", small_rows, block_n, False, False))
+        tiers.insert(0, _Tier(f"{name}_small", small_rows, block_n))
     narrow = None
     if spec.paged is not None:
-        variants.insert(0, (f"{name}_short", small_rows, block_n, False, True))
+        tiers.insert(0, _Tier(f"{name}_short", small_rows, block_n, short=True))
         # Paged kernels address the pools with i32 offsets; calls whose pools those do
         # not reach take the full tile with i64 offsets.
         narrow = host.emit(FitsI32Op([spec.k, spec.v]), "pools_fit_i32")
-        variants.append((f"{name}_i64", rows, block_n, False, False))
+        tiers.append(_Tier(f"{name}_i64", rows, block_n))
     if wide is not None:
-        variants.insert(0, (f"{name}_wide", small_rows, wide, True, False))
+        tiers.insert(0, _Tier(f"{name}_wide", small_rows, wide, whole_sm=True))
+        tiers.insert(0, _Tier(f"{name}_persistent", small_rows, wide, persistent=True))
     waves: tuple[SSAValue, SSAValue] | None = None  # what the conditions read
-    if len(variants) > 1:
+    if len(tiers) > 1:
         programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")
         waves = programs, host.emit(arith.CmpiOp(programs, host.sm_count(), "sle"), "one_wave")
     grid = split_grid
     unmerged: list[SSAValue] = []  # grids of the kernels that do not merge
-    for i, (variant, tier, tier_block_n, whole_sm, short) in enumerate(variants):
-        tier_grid = grid
-        if i < len(variants) - 1:
+    for i, tier in enumerate(tiers):
+        tier_grid, pairs = grid, split_bh
+        if i < len(tiers) - 1:
             assert waves is not None
-            suffix = variant[len(name) + 1:]
-            taken = tier_taken(host, suffix, fits(tier), whole_sm, short, waves, blocks_per_split)
+            suffix = tier.name[len(name) + 1:]
+            size = grid
+            if tier.persistent:  # grid [programs, 1, 1], walking the pairs of one split
+                taken, size = persistent_taken(host, fits(tier.rows), split_grid, waves[0], blocks_per_split)
+                pairs = one
+            else:
+                taken = tier_taken(host, suffix, fits(tier.rows), tier.whole_sm, tier.short, waves, blocks_per_split)
             if narrow is not None:
                 taken = narrow if taken is None else host.emit(arith.AndIOp(taken, narrow), f"{suffix}_narrow")
             assert taken is not None
             suffix = suffix or "full"
-            tier_grid = host.emit(arith.SelectOp(taken, grid, host.const(0)), f"{suffix}_split_grid")
-            rest = "full_split_grid" if i == len(variants) - 2 and narrow is None else f"after_{suffix}_grid"
+            tier_grid = host.emit(arith.SelectOp(taken, size, host.const(0)), f"{suffix}_split_grid")
+            rest = "full_split_grid" if i == len(tiers) - 2 and narrow is None else f"after_{suffix}_grid"
             grid = host.emit(arith.SelectOp(taken, host.const(0), grid), rest)
         # The 16-row tiers (latency-bound calls) merge their own splits and skip empty
-        # loops; a taller tile keeps the registers those would need.
-        latency = tier == SMALL_ROWS
-        if not latency:
+        # loops; a taller tile keeps the registers those would need. The persistent
+        # kernel runs one split, whose loops its flattened walk must see unguarded.
+        latency = tier.rows == SMALL_ROWS and not tier.persistent
+        if not latency and not tier.persistent:  # (the persistent kernel's calls have one split)
             unmerged.append(tier_grid)
-        tier_spec = _tier_spec(spec, tier, tier_block_n, short=short, whole_sm=whole_sm,
-                               narrow=narrow is not None and not variant.endswith("_i64"))
-        kernel = SplitKernel(tier_spec, variant, plan, o_part, lse_part, merging if latency else None,
-                             one_loop=short, skip_empty=latency)
+        tier_spec = _tier_spec(spec, tier, narrow=narrow is not None and not tier.name.endswith("_i64"))
+        kernel = SplitKernel(tier_spec, tier.name, plan, None if tier.persistent else (o_part, lse_part),
+                             merging if latency else None, one_loop=tier.short or tier.persistent, skip_empty=latency)
         kernels.append(kernel.build())
-        host.launch(variant, [tier_grid, split_bh, one], kernel.sig.host_operands())
+        host.launch(tier.name, [tier_grid, pairs, one], kernel.sig.host_operands())
     combined = several
     if limit:
         beyond = host.emit(arith.CmpiOp(split_grid, host.const(limit), "sgt"), "beyond_merge_limit")
@@ -402,23 +436,38 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
     return SplitKVPath(kernels, decoding)
 
 
-def _tier_spec(spec: ForwardSpec, rows: int, block_n: int, *, short: bool, whole_sm: bool,
-               narrow: bool) -> ForwardSpec:
+@dataclass(frozen=True)
+class _Tier:
+    """One split kernel: its name, tile of `rows` x `block_n`, and how it runs
+    (`_tier_spec`; `persistent`: `SplitKernel`)."""
+
+    name: str
+    rows: int
+    block_n: int
+    whole_sm: bool = False
+    short: bool = False
+    persistent: bool = False
+
+
+def _tier_spec(spec: ForwardSpec, tier: _Tier, *, narrow: bool) -> ForwardSpec:
     """The forward spec of the split kernel with tiles of `rows` x `block_n` (`short`:
     at the pipeline depth of a contiguous cache; `whole_sm`: its pipeline sized for the
-    whole of an SM's shared memory, for calls whose programs fit one wave). It rotates
+    whole of an SM's shared memory, for calls whose programs fit one wave;
+    `persistent`: one stage less than that, `PERSISTENT_PROGRAMS_PER_SM` programs
+    sharing an SM, since Triton 3.6 keeps `num_stages - 1` K/V buffers). It rotates
     its few query rows with cos/sin evaluated in the kernel (a table would cost a launch
     per decode step), and reads K's tables on every call it runs. `narrow`: a paged
     program's kernel with i32 offsets into the pools."""
     online = spec.program.online
     assert online is not None
     paged = dataclasses.replace(spec.paged, narrow=True) if narrow and spec.paged is not None else spec.paged
+    rows, block_n = tier.rows, tier.block_n
+    stages = split_stages(spec, rows, block_n, paged_depth=not tier.short, whole_sm=tier.whole_sm or tier.persistent)
     return dataclasses.replace(
         spec, paged=paged, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
-        num_warps=split_warps(spec, rows),
-        num_stages=split_stages(spec, rows, block_n, paged_depth=not short, whole_sm=whole_sm),
+        num_warps=split_warps(spec, rows), num_stages=stages - tier.persistent,
         launch={"role": StringAttr("split_kv")})
 
 

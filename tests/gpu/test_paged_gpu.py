@@ -63,7 +63,8 @@ def check(program: PagedProgram, lens: list[int], q_len: int, *, split: bool = T
     out = out[0] if isinstance(out, tuple) else out
     fname = program.text.split("func.func @", 1)[1].split("(", 1)[0]
     ran = {"f" + name.removeprefix(fname): grid for name, grid in _launches(fn, args).items()}
-    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short", "f_split_kv_wide", "f_split_kv_i64"} & set(ran)
+    tiers = {"f_split_kv", "f_split_kv_small", "f_split_kv_short", "f_split_kv_wide", "f_split_kv_i64",
+             "f_split_kv_persistent"} & set(ran)
     assert len(tiers) == int(split) and ("f_fwd" in ran) == (not split), ran
     want = reference.run(program.text, *cpu)
     want = want[0] if isinstance(want, tuple) else want
@@ -78,6 +79,14 @@ def check(program: PagedProgram, lens: list[int], q_len: int, *, split: bool = T
 ])
 def test_llama3(lens: list[int], q_len: int, split: bool) -> None:
     check(llama3(), lens, q_len, split=split)
+
+
+def test_many_sequences_take_the_persistent_kernel() -> None:
+    """72 sequences x 8 KV heads, more pairs than two per SM: the persistent kernel, its
+    programs walking pairs of different lengths (1 to 2500 keys)."""
+    lens = [1 + (37 * i * i) % 2500 for i in range(72)]
+    ran = check(llama3(), lens, 1)
+    assert "f_split_kv_persistent" in ran, ran
 
 
 def test_pools_beyond_i32_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +191,7 @@ def test_llama3_contiguous_cache_with_lengths(lens: list[int], q_len: int, split
     args = [a.cuda() for a in cpu]
     out = fn(*args)
     ran = _launches(fn, args)
-    assert bool({"f_split_kv", "f_split_kv_small", "f_split_kv_wide"} & set(ran)) == split and ("f_fwd" in ran) == (not split), ran
+    assert bool({"f_split_kv", "f_split_kv_small", "f_split_kv_wide", "f_split_kv_persistent"} & set(ran)) == split and ("f_fwd" in ran) == (not split), ran
     assert not torch.isnan(out).any()
     want = reference.run(p.text, *cpu)
     ours, theirs = relative_error(out.cpu(), want), relative_error(torch_output(p, cpu), want)

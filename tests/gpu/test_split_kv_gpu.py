@@ -68,7 +68,7 @@ def check(program: Program, batch: int, q_len: int, kv_len: int, seed: int = 0) 
     args = _cuda(program.inputs(batch, q_len, kv_len, seed))
     out, lse = fn(*args, return_lse=True)
     ran = _split_launches(fn, args)
-    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide")} & set(ran)
+    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide", "_persistent")} & set(ran)
     assert len(tiers) == 1 and f"{program.name}_fwd" not in ran, ran
     want = reference.run(program.text, *args)
     want = want[0] if isinstance(want, tuple) else want
@@ -131,17 +131,18 @@ def test_one_kernel_serves_every_length() -> None:
         args = _cuda(p.inputs(batch, 1, kv_len, 0))
         fn(*args)
         # 4 packed rows: the 16-row kernels within one wave (the wide one for splits of
-        # at least 4 blocks), the wide one beyond two programs per SM (B = 64), else the
-        # full one (B = 32); the 16-row kernels merge their splits
+        # at least 4 blocks), the persistent one beyond two programs per SM (B = 64),
+        # else the full one (B = 32); the 16-row kernels merge their splits
         ran = _split_launches(fn, args)
         launched |= set(ran)
         splits.add(max(ran.get(f"decode_variants_split_kv{tier}", (0,))[0] for tier in ("", "_small", "_wide")))
     torch.cuda.synchronize()
     assert len(splits) >= 3, splits
-    assert {"decode_variants_split_kv", "decode_variants_split_kv_small", "decode_variants_split_kv_wide"} <= launched
+    assert {"decode_variants_split_kv", "decode_variants_split_kv_small", "decode_variants_split_kv_wide",
+            "decode_variants_split_kv_persistent"} <= launched
     kernels = load_kernels(fn.triton_source)
     for name in ("decode_variants_split_kv", "decode_variants_split_kv_small", "decode_variants_split_kv_wide",
-                 "decode_variants_split_kv_combine"):
+                 "decode_variants_split_kv_persistent", "decode_variants_split_kv_combine"):
         compiled = sum(len(cache[0]) for cache in kernels[name].device_caches.values())
         assert compiled == int(name in launched), f"{name}: {compiled} compiled variants"
 

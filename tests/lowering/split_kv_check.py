@@ -103,7 +103,7 @@ def check_decode(
     fn = compile_split(program.text, strategy, options)
     out, lse = fn(*args, return_lse=True)
     ran = launches(fn, args)
-    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide")} & set(ran)
+    tiers = {f"{program.name}_split_kv{tier}" for tier in ("", "_small", "_wide", "_persistent")} & set(ran)
     assert len(tiers) == int(split), ran
     assert (f"{program.name}_fwd" in ran) == (not split), ran
     want = reference.run(program.text, *args)

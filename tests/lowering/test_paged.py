@@ -153,6 +153,27 @@ def test_long_splits_take_the_wide_kernel(block: str, q_len: int) -> None:
     assert_matches_reference(program, args, result)
 
 
+@pytest.mark.parametrize("block", ["causal", "rope_q", "alibi_slopes"])
+def test_many_pairs_take_the_persistent_kernel(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call of one split with more (batch, KV head) pairs than two per SM (a device of
+    2 SMs, reported so: 3 sequences x 2 KV heads) takes the persistent kernel: 4
+    programs, two of them walking two pairs, each with its own sequence length (600, 37
+    and 259 keys: their loops differ from pair to pair)."""
+    monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
+    program, lens = BLOCKS[block](), (600, 37, 259)
+    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64}")
+    # A function of its own: compiled programs and their launch plans are shared.
+    name = f"two_sms_{block}"
+    fn = compiled(program.text.replace("@f(", f"@{name}("), pipe)
+    args = inputs(program, lens, 1, seed=3)
+    result = fn(*args)
+    ran = {kernel.removeprefix(name): grid for kernel, grid in launches(fn, args).items()}
+    assert set(ran) & {"_split_kv_persistent", "_split_kv_wide", "_split_kv_small", "_split_kv"} == {
+        "_split_kv_persistent"}, ran
+    assert ran["_split_kv_persistent"][:2] == (4, 1), ran
+    assert_matches_reference(program, args, result)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("q_len", [1, 4, 20])

@@ -28,6 +28,7 @@ from attnfuse.lowering.split_combine import merge_rows_limit
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.reference import parse_program
 from attnfuse.analysis.split_kv import WIDE_MIN_BLOCKS
+from attnfuse.lowering.split_host import PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM
 from attnfuse.runtime.host import INTERPRETER_SM_COUNT, call_signature
 from attnfuse.testing import assert_grad_close
 
@@ -355,21 +356,30 @@ def test_long_splits_take_the_wide_kernel(q_len: int) -> None:
     assert WIDE_MIN_BLOCKS == 4
 
 
-def test_wide_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wide kernel also takes calls of more split programs than two per SM, where the
-    full tile runs several waves too; calls in between (more than one wave, at most two
+def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of one split with more programs than `PERSISTENT_MIN_PROGRAMS_PER_SM` per SM
+    take the persistent kernel: `PERSISTENT_PROGRAMS_PER_SM` programs per SM, each
+    walking (batch, KV head) pairs; calls in between (more than one wave, at most two
     per SM) take the full tile. A device of 2 SMs (reported so): B = 3 x 2 KV heads, 6
-    programs in one split of 5 blocks, against B = 2, 4 programs."""
+    pairs in one split of 5 blocks walked by 4 programs (two of them take two pairs),
+    and B = 5 (10 pairs, up to three per program, keys ending mid-block), against B =
+    2, 4 programs. With a fixed split count of 2, the wide kernel takes the calls
+    beyond two programs per SM instead."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
     built = causal().mask("causal", **BR).build(sinks=True)
     # A function of its own: compiled programs and their launch plans are shared.
     p = dataclasses.replace(built, text=built.text.replace(f"@{built.name}(", "@two_sms("), name="two_sms")
-    for batch, tier in ((3, "two_sms_split_kv_wide"), (2, "two_sms_split_kv")):
-        args = p.inputs(batch, 1, 300, 301)
-        check_decode(p, batch, 1, 300, args=args, options="block-n=64")
-        ran = launches(compile_split(p.text, options="block-n=64"), args)
-        assert set(ran) & {"two_sms_split_kv_wide", "two_sms_split_kv_small", "two_sms_split_kv"} == {tier}, ran
-        assert ran[tier][:2] == (1, batch * 2), ran
+    assert (PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM) == (2, 2)
+    tiers = {"two_sms_split_kv_persistent", "two_sms_split_kv_wide", "two_sms_split_kv_small", "two_sms_split_kv"}
+    for batch, kv_len, options, tier, grid in ((3, 300, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
+                                               (5, 290, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
+                                               (2, 300, "block-n=64", "two_sms_split_kv", (1, 4)),
+                                               (3, 600, "block-n=64 splits=2", "two_sms_split_kv_wide", (2, 6))):
+        args = p.inputs(batch, 1, kv_len, kv_len + 1)
+        check_decode(p, batch, 1, kv_len, args=args, options=options)
+        ran = launches(compile_split(p.text, options=options), args)
+        assert set(ran) & tiers == {tier}, ran
+        assert ran[tier][:2] == grid, ran
 
 
 def test_fixed_split_count() -> None:

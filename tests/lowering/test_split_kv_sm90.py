@@ -3,8 +3,9 @@
 The split and combine kernels of the default pipeline for real decode shapes, compiled
 as the JIT specializes them (contiguous tensors, 16-aligned sizes), checked with ptxas:
 no spill stores, at most the 232448 bytes of shared memory a block may use on sm_90,
-and at most half an SM's (the split kernel is sized for two programs per SM), except
-for the wide kernel, whose calls' programs fit one wave, one program per SM.
+and at most half an SM's (the split kernel is sized for two programs per SM, the
+persistent kernel runs two per SM), except for the wide kernel, whose calls' programs fit
+one wave, one program per SM.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def test_split_kernels_compile_for_sm90(name: str) -> None:
     module = parse_program(CASES[name])
     PassManager(default_pipeline(without=["lower-backward"])).run(module, make_context())
     kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, KernelOp)}
-    for kernel_name in ("f_split_kv", "f_split_kv_small", "f_split_kv_wide", "f_split_kv_combine"):
+    for kernel_name in ("f_split_kv", "f_split_kv_small", "f_split_kv_wide", "f_split_kv_persistent",
+                        "f_split_kv_combine"):
         if kernel_name not in kernels:  # a group of more than 16 heads, or a 16-row full tile: one tier;
             continue  # the wide kernel: 16-bit inputs, head dims up to 128
         compiled = compile_kernel_for_sm90(kernels[kernel_name], specialize=True)

@@ -15,7 +15,8 @@ line of Python. It knows Triton, not attention; this module holds the entry poin
 - Integer kernel arguments are cast to their declared type on entry, because the
   Triton JIT types integer arguments from their runtime value (and turns 1 into a
   constexpr).
-- `scf.for` becomes `for iv in range(lb, ub, step):` with the carried values
+- `scf.for` becomes `for iv in range(lb, ub, step):` (`tl.range(..., flatten=True)`
+  when marked `tile.flatten`) with the carried values
   assigned before the loop and reassigned (as a tuple) at the yield; `scf.if`
   becomes if/else assigning the results in both branches.
 - Transcendentals on f16/bf16 are computed in f32 (Triton's `tl.exp` & co. only

@@ -31,6 +31,7 @@ from attnfuse.backends.triton.source import (
     _splat_value,
 )
 from attnfuse.dialects import tile
+from attnfuse.dialects.tile import FLATTEN
 from attnfuse.dialects.tile_types import bit_width, element_type_of, shape_of
 
 
@@ -213,7 +214,11 @@ def _for(e: TritonEmitter, op: scf.ForOp) -> None:
             e.line(f"{e.names[arg]} = {e.expr(init)}")
         e.names[result] = e.names[arg]
     iv = e.name(body.args[0])
-    e.line(f"for {iv} in range({e.expr(op.lb)}, {e.expr(op.ub)}, {e.expr(op.step)}):")
+    bounds = f"{e.expr(op.lb)}, {e.expr(op.ub)}, {e.expr(op.step)}"
+    if FLATTEN in op.attributes:
+        e.line(f"for {iv} in tl.range({bounds}, flatten=True):")
+    else:
+        e.line(f"for {iv} in range({bounds}):")
     e.depth += 1
     e.block(body.ops)
     e.depth -= 1

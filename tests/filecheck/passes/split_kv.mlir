@@ -79,6 +79,16 @@
 // LOWER-NEXT:    %split_programs = arith.muli %split_grid, %split_bh : i32
 // LOWER-NEXT:    %one_wave = arith.cmpi sle, %split_programs, %sms : i32
 // LOWER-NOT:     split_kv_short
+// The persistent kernel takes calls of one split and more programs than two per SM:
+// two programs per SM (at most one per pair) walk the (batch, KV head) pairs; no workspace.
+// LOWER:         %persistent_min_programs = arith.muli %sms, %{{.*}} : i32
+// LOWER-NEXT:    %many_programs = arith.cmpi sgt, %split_programs, %persistent_min_programs : i32
+// LOWER:         %persistent_split = arith.andi %{{.*}}, %{{.*}} : i1
+// LOWER:         %persistent_resident = arith.muli %sms, %{{.*}} : i32
+// LOWER-NEXT:    %persistent_programs = arith.minsi %split_programs, %persistent_resident : i32
+// LOWER:         %persistent_split_grid = arith.select %persistent_split, %persistent_programs, %{{.*}} : i32
+// LOWER:         %after_persistent_grid = arith.select %persistent_split, %{{.*}}, %split_grid : i32
+// LOWER-NEXT:    host.launch @llama_split_kv_persistent[%persistent_split_grid, %one, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len) :
 // The wide tile takes calls of one wave, and of more programs than two per SM (the full
 // tile's several waves).
 // LOWER:         %programs_two_per_sm = arith.muli %sms, %{{.*}} : i32
@@ -87,8 +97,8 @@
 // LOWER-NEXT:    %wide_tile = arith.andi %fits_16_rows, %wide_waves : i1
 // LOWER:         %long_splits = arith.cmpi sge, %blocks_per_split, %{{.*}} : i32
 // LOWER-NEXT:    %wide_split = arith.andi %wide_tile, %long_splits : i1
-// LOWER:         %wide_split_grid = arith.select %wide_split, %split_grid, %{{.*}} : i32
-// LOWER:         %after_wide_grid = arith.select %wide_split, %{{.*}}, %split_grid : i32
+// LOWER:         %wide_split_grid = arith.select %wide_split, %after_persistent_grid, %{{.*}} : i32
+// LOWER:         %after_wide_grid = arith.select %wide_split, %{{.*}}, %after_persistent_grid : i32
 // LOWER-NEXT:    host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one] (%q, %k, %v, %out, %lse, %batch, %q_len, %kv_len, %o_part, %lse_part)
 // The small tile reads the same compare (16 rows).
 // LOWER-NOT:     arith.cmpi sle, %packed_rows
@@ -107,6 +117,20 @@
 // r / 4 of head kv_head * 4 + r % 4; the causal band's loops, cut at the split's keys:
 // the full tiles, then the masked diagonal (no loop for the band's empty left edge); one
 // split writes out and lse, several write the workspace.
+// The persistent kernel: no workspace; program p walks pairs p, p + programs, ... in
+// a loop marked for flattening with the KV loop inside it (one masked loop), and stores
+// out and lse directly.
+// LOWER:       tile.kernel @llama_split_kv_persistent(%Q: !tile.ptr<bf16>, {{.*}}, %B: i32, %Sq: i32, %Skv: i32) attributes {num_warps = 4 : i64, num_stages = 2 : i64, launch = {role = "split_kv"}}
+// LOWER:         %pairs = arith.muli %B, %{{.*}} : i32
+// LOWER-NEXT:    %first_pair = tile.program_id 0 : i32
+// LOWER-NEXT:    %[[PROGRAMS:.*]] = tile.num_programs 0 : i32
+// LOWER:         scf.for %pid_bh = %first_pair to %pairs step %[[PROGRAMS]] : i32 {
+// LOWER:           scf.for %start_n = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (tensor<16xf32>, tensor<16xf32>, tensor<16x128xf32>)
+// LOWER-NOT:       scf.for
+// LOWER-NOT:       scf.if
+// LOWER:           tile.store %Out_base
+// LOWER:           tile.store %LSE_base
+// LOWER-NEXT:    } {tile.flatten}
 // LOWER:       tile.kernel @llama_split_kv(%Q: !tile.ptr<bf16>, {{.*}}, %Opart: !tile.ptr<f32>, %Opart_stride0: i32, %Opart_stride1: i32, %Opart_stride2: i32, %LSEpart: !tile.ptr<f32>, %LSEpart_stride0: i32, %LSEpart_stride1: i32) attributes {num_warps = 4 : i64, num_stages = 3 : i64, launch = {role = "split_kv"}}
 // LOWER-NEXT:    %split = tile.program_id 0 : i32
 // LOWER-NEXT:    %pid_bh = tile.program_id 1 : i32
