@@ -309,8 +309,9 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                     if paged is not None:
                         row["attnfuse_paged_kernels"] = launched(paged, [q, *cache])
                         del cache
-                row["splits"] = max(row["attnfuse_kernels"].get(f"decode_split_kv{tier}", 0)
-                                    for tier in ("", "_small", "_wide"))
+                kernels_run = row["attnfuse_kernels"]  # the persistent kernel's grid counts programs
+                row["splits"] = 1 if kernels_run.get("decode_split_kv_persistent") else max(
+                    kernels_run.get(f"decode_split_kv{tier}", 0) for tier in ("", "_small", "_wide"))
                 for suffix in ("", "_rope"):
                     _ratios(row, "ms", "", suffix)
                     _ratios(row, "graph_ms", "graph_", suffix)
