@@ -49,6 +49,14 @@ at two 68.9, against 68.1 for one program per pair at three stages (session 41).
 PERSISTENT_MIN_PROGRAMS_PER_SM = 2
 """Split programs per SM beyond which a call takes the persistent kernel."""
 
+PERSISTENT_MAX_BLOCKS = 16
+"""KV blocks (of the plan's `block_n` keys) a pair may walk in the persistent kernel:
+what it saves, a pipeline prologue and epilogue per pair and a partial last wave, counts
+for short caches. The hand-written kernels (session 41) gained at Skv = 1024 (B = 64:
+65.2 us against 67.6 for the wide kernel, B = 128 125.2 against 127.8), 0.7% at 2048
+(B = 64, at four stages one program per SM) and lost at 4096 (B = 64: the wide kernel's
+242.2 us was the fastest)."""
+
 
 def split_count(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr,
                  wide_fits: SSAValue | None) -> tuple[SSAValue, SSAValue]:
@@ -143,17 +151,20 @@ def persistent_taken(host: HostCode, fits: SSAValue, splits: SSAValue, programs:
     """(whether a call takes the persistent split kernel, its programs). It takes calls
     of one split whose packed rows fit its tile (`fits`), whose split programs are more
     than `PERSISTENT_MIN_PROGRAMS_PER_SM` per SM and which walk at least
-    `WIDE_MIN_BLOCKS` blocks; it runs `PERSISTENT_PROGRAMS_PER_SM` programs per SM (at
-    most one per (batch, KV head) pair), each walking its share of the pairs."""
+    `WIDE_MIN_BLOCKS` and at most `PERSISTENT_MAX_BLOCKS` blocks; it runs
+    `PERSISTENT_PROGRAMS_PER_SM` programs per SM (at most one per (batch, KV head)
+    pair), each walking its share of the pairs."""
     one = host.emit(arith.CmpiOp(splits, host.const(1), "eq"), "one_split")
     least = host.mul(host.sm_count(), PERSISTENT_MIN_PROGRAMS_PER_SM, "persistent_min_programs")
     many = host.emit(arith.CmpiOp(programs, least, "sgt"), "many_programs")
     long = host.emit(arith.CmpiOp(blocks_per_split, host.const(WIDE_MIN_BLOCKS), "sge"), "long_pairs")
-    taken = host.emit(arith.AndIOp(host.emit(arith.AndIOp(fits, one)), host.emit(arith.AndIOp(many, long))),
-                      "persistent_split")
+    short = host.emit(arith.CmpiOp(blocks_per_split, host.const(PERSISTENT_MAX_BLOCKS), "sle"), "short_pairs")
+    walk = host.emit(arith.AndIOp(long, short), "persistent_walk")
+    many_short = host.emit(arith.AndIOp(many, walk))
+    taken = host.emit(arith.AndIOp(host.emit(arith.AndIOp(fits, one)), many_short), "persistent_split")
     resident = host.mul(host.sm_count(), PERSISTENT_PROGRAMS_PER_SM, "persistent_resident")
     return taken, host.emit(arith.MinSIOp(programs, resident), "persistent_programs")
 
 
-__all__ = ["LONG_SPLIT_BLOCKS", "PERSISTENT_MIN_PROGRAMS_PER_SM", "PERSISTENT_PROGRAMS_PER_SM", "SHORT_SPLIT_BLOCKS",
-           "persistent_taken", "split_count", "tier_taken"]
+__all__ = ["LONG_SPLIT_BLOCKS", "PERSISTENT_MAX_BLOCKS", "PERSISTENT_MIN_PROGRAMS_PER_SM", "PERSISTENT_PROGRAMS_PER_SM",
+           "SHORT_SPLIT_BLOCKS", "persistent_taken", "split_count", "tier_taken"]

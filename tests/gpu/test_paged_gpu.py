@@ -82,9 +82,10 @@ def test_llama3(lens: list[int], q_len: int, split: bool) -> None:
 
 
 def test_many_sequences_take_the_persistent_kernel() -> None:
-    """72 sequences x 8 KV heads, more pairs than two per SM: the persistent kernel, its
-    programs walking pairs of different lengths (1 to 2500 keys)."""
-    lens = [1 + (37 * i * i) % 2500 for i in range(72)]
+    """72 sequences x 8 KV heads, more pairs than two per SM, a block table of 1024 keys
+    (`PERSISTENT_MAX_BLOCKS` blocks of 64, one spare page): the persistent kernel, its
+    programs walking pairs of different lengths (1 to 1008 keys)."""
+    lens = [1 + (37 * i * i) % 1008 for i in range(72)]
     ran = check(llama3(), lens, 1)
     assert "f_split_kv_persistent" in ran, ran
 

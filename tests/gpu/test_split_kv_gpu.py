@@ -127,12 +127,14 @@ def test_one_kernel_serves_every_length() -> None:
     assert "@decode(" in p.text
     fn = attnfuse.compile(p.text.replace("@decode(", "@decode_variants("))
     splits, launched = set(), set()
-    for batch, kv_len in ((1, 1000), (1, 4096), (1, 65536), (16, 8192), (32, 4096), (64, 4096), (3, 12345)):
+    for batch, kv_len in ((1, 1000), (1, 4096), (1, 65536), (16, 8192), (32, 4096), (64, 4096), (64, 1024),
+                           (3, 12345)):
         args = _cuda(p.inputs(batch, 1, kv_len, 0))
         fn(*args)
         # 4 packed rows: the 16-row kernels within one wave (the wide one for splits of
-        # at least 4 blocks), the persistent one beyond two programs per SM (B = 64),
-        # else the full one (B = 32); the 16-row kernels merge their splits
+        # at least 4 blocks), beyond two programs per SM (B = 64) the persistent one for
+        # short caches (1024 keys) and the wide one for longer ones, else the full one
+        # (B = 32); the 16-row kernels merge their splits
         ran = _split_launches(fn, args)
         launched |= set(ran)
         splits.add(max(ran.get(f"decode_variants_split_kv{tier}", (0,))[0] for tier in ("", "_small", "_wide")))

@@ -28,7 +28,11 @@ from attnfuse.lowering.split_combine import merge_rows_limit
 from attnfuse.pass_manager import PassManager, make_context
 from attnfuse.reference import parse_program
 from attnfuse.analysis.split_kv import WIDE_MIN_BLOCKS
-from attnfuse.lowering.split_host import PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM
+from attnfuse.lowering.split_host import (
+    PERSISTENT_MAX_BLOCKS,
+    PERSISTENT_MIN_PROGRAMS_PER_SM,
+    PERSISTENT_PROGRAMS_PER_SM,
+)
 from attnfuse.runtime.host import INTERPRETER_SM_COUNT, call_signature
 from attnfuse.testing import assert_grad_close
 
@@ -363,17 +367,19 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
     per SM) take the full tile. A device of 2 SMs (reported so): B = 3 x 2 KV heads, 6
     pairs in one split of 5 blocks walked by 4 programs (two of them take two pairs),
     and B = 5 (10 pairs, up to three per program, keys ending mid-block), against B =
-    2, 4 programs. With a fixed split count of 2, the wide kernel takes the calls
+    2, 4 programs. Pairs of more than `PERSISTENT_MAX_BLOCKS` blocks (B = 3, 1100 keys:
+    18) and, with a fixed split count of 2, calls of several splits take the wide kernel
     beyond two programs per SM instead."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
     built = causal().mask("causal", **BR).build(sinks=True)
     # A function of its own: compiled programs and their launch plans are shared.
     p = dataclasses.replace(built, text=built.text.replace(f"@{built.name}(", "@two_sms("), name="two_sms")
-    assert (PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM) == (2, 2)
+    assert (PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM, PERSISTENT_MAX_BLOCKS) == (2, 2, 16)
     tiers = {"two_sms_split_kv_persistent", "two_sms_split_kv_wide", "two_sms_split_kv_small", "two_sms_split_kv"}
     for batch, kv_len, options, tier, grid in ((3, 300, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
                                                (5, 290, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
                                                (2, 300, "block-n=64", "two_sms_split_kv", (1, 4)),
+                                               (3, 1100, "block-n=64", "two_sms_split_kv_wide", (1, 6)),
                                                (3, 600, "block-n=64 splits=2", "two_sms_split_kv_wide", (2, 6))):
         args = p.inputs(batch, 1, kv_len, kv_len + 1)
         check_decode(p, batch, 1, kv_len, args=args, options=options)
