@@ -365,8 +365,8 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
     take the persistent kernel: `PERSISTENT_PROGRAMS_PER_SM` programs per SM, each
     walking (batch, KV head) pairs; calls in between (more than one wave, at most two
     per SM) take the full tile. A device of 2 SMs (reported so): B = 3 x 2 KV heads, 6
-    pairs in one split of 5 blocks walked by 4 programs (two of them take two pairs),
-    and B = 5 (10 pairs, up to three per program, keys ending mid-block), against B =
+    pairs in one split of 5 blocks walked by 4 programs (two of them take two pairs;
+    one query, and four: 16 packed rows), and B = 5 (10 pairs, up to three per program, keys ending mid-block), against B =
     2, 4 programs. Pairs of more than `PERSISTENT_MAX_BLOCKS` blocks (B = 3, 1100 keys:
     18) and, with a fixed split count of 2, calls of several splits take the wide kernel
     beyond two programs per SM instead."""
@@ -376,13 +376,15 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
     p = dataclasses.replace(built, text=built.text.replace(f"@{built.name}(", "@two_sms("), name="two_sms")
     assert (PERSISTENT_MIN_PROGRAMS_PER_SM, PERSISTENT_PROGRAMS_PER_SM, PERSISTENT_MAX_BLOCKS) == (2, 2, 16)
     tiers = {"two_sms_split_kv_persistent", "two_sms_split_kv_wide", "two_sms_split_kv_small", "two_sms_split_kv"}
-    for batch, kv_len, options, tier, grid in ((3, 300, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
-                                               (5, 290, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
-                                               (2, 300, "block-n=64", "two_sms_split_kv", (1, 4)),
-                                               (3, 1100, "block-n=64", "two_sms_split_kv_wide", (1, 6)),
-                                               (3, 600, "block-n=64 splits=2", "two_sms_split_kv_wide", (2, 6))):
-        args = p.inputs(batch, 1, kv_len, kv_len + 1)
-        check_decode(p, batch, 1, kv_len, args=args, options=options)
+    for batch, kv_len, q_len, options, tier, grid in (
+            (3, 300, 1, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
+            (3, 300, 4, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),  # 16 packed rows
+            (5, 290, 1, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
+            (2, 300, 1, "block-n=64", "two_sms_split_kv", (1, 4)),
+            (3, 1100, 1, "block-n=64", "two_sms_split_kv_wide", (1, 6)),
+            (3, 600, 1, "block-n=64 splits=2", "two_sms_split_kv_wide", (2, 6))):
+        args = p.inputs(batch, q_len, kv_len, kv_len + q_len)
+        check_decode(p, batch, q_len, kv_len, args=args, options=options)
         ran = launches(compile_split(p.text, options=options), args)
         assert set(ran) & tiers == {tier}, ran
         assert ran[tier][:2] == grid, ran
