@@ -16,11 +16,14 @@ docs/inference.md):
   `min_blocks` KV blocks per split;
 * `merge 1` (absent: 0): the 16-row split kernels' last program per (batch, KV head)
   merges the splits itself, up to `merge_rows_limit` of them, instead of the combine
-  kernel.
+  kernel;
+* `persistent 1` (absent: 0): a persistent split kernel takes the calls of one split
+  with many (batch, KV head) pairs (`split_host.persistent_taken`).
 
 ```mlir
 #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1>
 #attn.split_kv<16x16, group 1, splits 3, waves 2, min_blocks 2, merge 1>
+#attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1, persistent 1>
 ```
 """
 
@@ -38,7 +41,7 @@ from xdsl.utils.exceptions import VerifyException
 AUTO = 0
 """`splits` value of the `auto` rule."""
 
-_CLAUSES = ("group", "splits", "waves", "min_blocks", "merge")
+_CLAUSES = ("group", "splits", "waves", "min_blocks", "merge", "persistent")
 
 
 @irdl_attr_definition
@@ -54,10 +57,12 @@ class SplitKVAttr(ParametrizedAttribute):
     waves: IntAttr
     min_blocks: IntAttr
     merge: IntAttr
+    persistent: IntAttr
 
     def __init__(self, rows: int, block_n: int, *, group: int, splits: int = AUTO, waves: int = 1,
-                 min_blocks: int = 1, merge: bool = False) -> None:
-        super().__init__(*(IntAttr(v) for v in (rows, block_n, group, splits, waves, min_blocks, int(merge))))
+                 min_blocks: int = 1, merge: bool = False, persistent: bool = False) -> None:
+        super().__init__(*(IntAttr(v) for v in (rows, block_n, group, splits, waves, min_blocks, int(merge),
+                                                int(persistent))))
 
     def verify(self) -> None:
         for what, size in (("rows", self.rows.data), ("block_n", self.block_n.data)):
@@ -68,8 +73,9 @@ class SplitKVAttr(ParametrizedAttribute):
         for what, value in (("waves", self.waves.data), ("min_blocks", self.min_blocks.data)):
             if value < 1:
                 raise VerifyException(f"#attn.split_kv: {what} must be >= 1, got {value}")
-        if self.merge.data not in (0, 1):
-            raise VerifyException(f"#attn.split_kv: merge must be 0 or 1, got {self.merge.data}")
+        for what, flag in (("merge", self.merge.data), ("persistent", self.persistent.data)):
+            if flag not in (0, 1):
+                raise VerifyException(f"#attn.split_kv: {what} must be 0 or 1, got {flag}")
         if self.splits.data < 0:
             raise VerifyException(f"#attn.split_kv: splits must be auto or >= 1, got {self.splits.data}")
 
@@ -82,7 +88,7 @@ class SplitKVAttr(ParametrizedAttribute):
             rows = parser.parse_shape_dimension(allow_dynamic=False)
             parser.parse_shape_delimiter()
             block_n = parser.parse_shape_dimension(allow_dynamic=False)
-            values = {"group": 0, "splits": AUTO, "waves": 1, "min_blocks": 1, "merge": 0}
+            values = {"group": 0, "splits": AUTO, "waves": 1, "min_blocks": 1, "merge": 0, "persistent": 0}
             given: set[str] = set()
             while parser.parse_optional_punctuation(",") is not None:
                 start = parser.pos
@@ -97,13 +103,14 @@ class SplitKVAttr(ParametrizedAttribute):
             if "group" not in given:
                 parser.raise_error("#attn.split_kv needs a 'group' clause")
         order = (rows, block_n, values["group"], values["splits"], values["waves"], values["min_blocks"],
-                 values["merge"])
+                 values["merge"], values["persistent"])
         return tuple(IntAttr(v) for v in order)
 
     def print_parameters(self, printer: Printer) -> None:
         splits = "auto" if self.is_auto() else str(self.splits.data)
         text = (f"{self.rows.data}x{self.block_n.data}, group {self.group.data}, splits {splits}, "
                 f"waves {self.waves.data}, min_blocks {self.min_blocks.data}"
-                + (f", merge {self.merge.data}" if self.merge.data else ""))
+                + (f", merge {self.merge.data}" if self.merge.data else "")
+                + (f", persistent {self.persistent.data}" if self.persistent.data else ""))
         with printer.in_angle_brackets():
             printer.print_string(text)

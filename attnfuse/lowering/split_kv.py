@@ -385,7 +385,8 @@ def lower_split_kv(host: HostCode, spec: ForwardSpec, plan: SplitKVAttr, fname: 
         tiers.append(_Tier(f"{name}_i64", rows, block_n))
     if wide is not None:
         tiers.insert(0, _Tier(f"{name}_wide", small_rows, wide, whole_sm=True))
-        tiers.insert(0, _Tier(f"{name}_persistent", small_rows, wide, persistent=True))
+        if plan.persistent.data:
+            tiers.insert(0, _Tier(f"{name}_persistent", small_rows, wide, persistent=True))
     waves: tuple[SSAValue, SSAValue] | None = None  # what the conditions read
     if len(tiers) > 1:
         programs = host.emit(arith.MuliOp(split_grid, split_bh), "split_programs")

@@ -71,6 +71,11 @@ class SplitKVPass(ModulePass):
     B = 1, Sq = 1, CUDA graphs on the H200: Skv = 8192 9.7 us against 10.4, 32768
     35.8 against 36.6, but 1024 5.8 against 5.6; run 39, call A). False: always the
     combine kernel."""
+    persistent: bool = True
+    """Where the wide split kernel exists, a persistent one takes the calls of one split
+    with more (batch, KV head) pairs than two per SM and short caches (two programs per
+    SM walk the pairs; `split_host.persistent_taken`, docs/inference.md#tiles); recorded
+    as `persistent 1` in the plan. False: those calls take the wide kernel."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         splits = self._splits()
@@ -96,7 +101,7 @@ class SplitKVPass(ModulePass):
             deep = 2 if paged_cache(program) is not None and wide is None else 1
             online.properties["split_kv"] = SplitKVAttr(
                 rows, block_n, group=hq // hk, splits=splits, waves=self.waves or deep,
-                min_blocks=self.min_blocks or deep, merge=self.merge)
+                min_blocks=self.min_blocks or deep, merge=self.merge, persistent=self.persistent and wide is not None)
 
     def _splits(self) -> int:
         if self.splits == "auto":

@@ -368,8 +368,8 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
     pairs in one split of 5 blocks walked by 4 programs (two of them take two pairs;
     one query, and four: 16 packed rows), and B = 5 (10 pairs, up to three per program, keys ending mid-block), against B =
     2, 4 programs. Pairs of more than `PERSISTENT_MAX_BLOCKS` blocks (B = 3, 1100 keys:
-    18) and, with a fixed split count of 2, calls of several splits take the wide kernel
-    beyond two programs per SM instead."""
+    18), calls with `split-kv{persistent=false}` and, with a fixed split count of 2,
+    calls of several splits take the wide kernel beyond two programs per SM instead."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
     built = causal().mask("causal", **BR).build(sinks=True)
     # A function of its own: compiled programs and their launch plans are shared.
@@ -382,6 +382,7 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
             (5, 290, 1, "block-n=64", "two_sms_split_kv_persistent", (4, 1)),
             (2, 300, 1, "block-n=64", "two_sms_split_kv", (1, 4)),
             (3, 1100, 1, "block-n=64", "two_sms_split_kv_wide", (1, 6)),
+            (3, 300, 1, "block-n=64 persistent=false", "two_sms_split_kv_wide", (1, 6)),
             (3, 600, 1, "block-n=64 splits=2", "two_sms_split_kv_wide", (2, 6))):
         args = p.inputs(batch, q_len, kv_len, kv_len + q_len)
         check_decode(p, batch, q_len, kv_len, args=args, options=options)

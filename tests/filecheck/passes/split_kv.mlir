@@ -5,6 +5,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv{merge=false},lower-to-tile' | filecheck %s --check-prefix=LOWER
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv,lower-to-tile' | filecheck %s --check-prefix=MERGE
 // RUN: attnfuse-opt %s --split-input-file -p 'online-softmax,mask-tiling,split-kv' | attnfuse-opt --split-input-file | filecheck %s --check-prefix=MERGE-PLAN
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-canonicalize,rope-fusion,online-softmax,mask-tiling,split-kv{persistent=false},lower-to-tile' | filecheck %s --check-prefix=NO-PERSISTENT
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits=0}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{splits="many"}' 2>&1 | filecheck %s --check-prefix=BAD-SPLITS
 // RUN: not attnfuse-opt %s -p 'online-softmax,mask-tiling,split-kv{rows=48}' 2>&1 | filecheck %s --check-prefix=BAD-ROWS
@@ -16,9 +17,15 @@
 // Llama 3 decoding against a cache: 4 query heads per KV head, packed 16 queries deep
 // into 64 rows; 64 keys per block (bf16, head dim 128).
 // CHECK-LABEL: func.func @llama(
-// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1>}
+// CHECK:         attn.online_softmax %m, %v {tile_plan = #attn.tile_plan<{{.*}}>, split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1, persistent 1>}
 // MERGE-PLAN-LABEL: func.func @llama(
-// MERGE-PLAN:    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1>
+// MERGE-PLAN:    split_kv = #attn.split_kv<64x64, group 4, splits auto, waves 1, min_blocks 1, merge 1, persistent 1>
+// `persistent=false`: no persistent kernel; its calls take the wide one.
+// NO-PERSISTENT-LABEL: func.func @llama(
+// NO-PERSISTENT-NOT:     persistent
+// NO-PERSISTENT:         host.launch @llama_split_kv_wide[%wide_split_grid, %split_bh, %one]
+// NO-PERSISTENT-NOT:     persistent
+// NO-PERSISTENT:       tile.kernel @llama_split_kv_wide(
 // OPTS-LABEL:  func.func @llama(
 // OPTS:          split_kv = #attn.split_kv<32x16, group 4, splits 3, waves 4, min_blocks 1>
 
@@ -176,7 +183,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 // gpt-oss: 8 query heads per KV head (128 rows), sinks, a 128-key window: the split
 // count follows the keys the window reaches, min(Skv, Sq + 127), not the whole cache.
 // CHECK-LABEL: func.func @gpt_oss(
-// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 1, min_blocks 1, merge 1>
+// CHECK:         split_kv = #attn.split_kv<128x64, group 8, splits auto, waves 1, min_blocks 1, merge 1, persistent 1>
 // LOWER-LABEL: func.func @gpt_oss(
 // LOWER:         %band_keys = arith.addi %q_len, %{{.*}} : i32
 // LOWER-NEXT:    %visited_keys = arith.minsi %kv_len, %band_keys : i32
