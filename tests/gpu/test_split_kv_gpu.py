@@ -97,6 +97,8 @@ def test_rope_aligned_at_the_cache_end() -> None:
     p = b.mask("causal", **BR).build()
     check(p, 4, 4, 8191)
     check(p, 1, 1, 131072)
+    ran = check(p, 48, 1, 1000)  # 384 pairs of 16 blocks: the persistent kernel, rotating in its pair loop
+    assert "decode_end_split_kv_persistent" in ran, ran
 
 
 def test_gpt_oss_sinks_window() -> None:
