@@ -49,6 +49,7 @@ def test_demo_default(tmp_path: Path) -> None:
     assert "tolerance: |out - ref| <= 0.025 + 0.025 * |ref| (bfloat16)" in out
     assert out.rstrip().splitlines()[-1].startswith("PASS")
     assert "FAIL" not in out
+    assert "warning: attnfuse.compile produced different Triton source" not in out
 
 
 @pytest.mark.slow
