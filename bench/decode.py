@@ -238,6 +238,7 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
     paged_baseline = attnfuse.compile(PAGED_PROGRAM, pipeline=baseline_pipeline, params={"page": page_size}) \
         if page_size and baseline_pipeline else None
     with_lens = attnfuse.compile(LENS_PROGRAM, pipeline=pipeline)
+    lens_baseline = attnfuse.compile(LENS_PROGRAM, pipeline=baseline_pipeline) if baseline_pipeline else None
     fa = flash_kvcache()
     program = analyze(find_functions(reference.parse_program(PROGRAM))[0])
     rows: list[dict[str, Any]] = []
@@ -265,6 +266,8 @@ def run(batches: list[int], kv_lens: list[int], q_lens: list[int], pipeline: str
                             impls["attnfuse_paged_no_split"] = lambda: paged_baseline(q, *cache)
                     lens = torch.full((b,), skv, dtype=torch.int32, device="cuda")
                     impls["attnfuse_lens"] = lambda: with_lens(q, k, v, lens)
+                    if lens_baseline is not None:
+                        impls["attnfuse_lens_no_split"] = lambda: lens_baseline(q, k, v, lens)
                     if fa is not None:
                         impls["flash_kvcache"] = flash_kvcache_call(fa, q, k, v)
                     if sq > 1:
@@ -328,7 +331,8 @@ def _ratios(row: dict[str, Any], ms: str, prefix: str, suffix: str = "") -> None
     ratios from its `<impl><suffix>_<ms>` times (`ms`: "ms" eager, "graph_ms" from CUDA
     graphs; `suffix`: "" or "_rope", the step with RoPE on the new queries), each key
     headed by `prefix`: `vs_<baseline>` / `rope_vs_<baseline>` (baseline / AttnFuse),
-    `paged_vs_contiguous`, `lens_vs_contiguous`."""
+    `paged_vs_contiguous`, `lens_vs_contiguous`, and against the baseline pipeline
+    `paged_vs_no_split`, `lens_vs_no_split`."""
     sdpa = [row[f"{impl}{suffix}_{ms}"] for impl in ("sdpa", "sdpa_gqa_mask") if f"{impl}{suffix}_{ms}" in row]
     if sdpa:
         row[f"sdpa_best{suffix}_{ms}"] = min(sdpa)
@@ -343,8 +347,9 @@ def _ratios(row: dict[str, Any], ms: str, prefix: str, suffix: str = "") -> None
     for form in ("paged", "lens") if not suffix else ():
         if f"attnfuse_{form}_{ms}" in row:
             row[f"{prefix}{form}_vs_contiguous"] = ours / row[f"attnfuse_{form}_{ms}"]
-    if not suffix and f"attnfuse_paged_no_split_{ms}" in row and f"attnfuse_paged_{ms}" in row:
-        row[f"{prefix}paged_vs_no_split"] = row[f"attnfuse_paged_no_split_{ms}"] / row[f"attnfuse_paged_{ms}"]
+    for form in ("paged", "lens") if not suffix else ():
+        if f"attnfuse_{form}_no_split_{ms}" in row and f"attnfuse_{form}_{ms}" in row:
+            row[f"{prefix}{form}_vs_no_split"] = row[f"attnfuse_{form}_no_split_{ms}"] / row[f"attnfuse_{form}_{ms}"]
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
@@ -375,16 +380,18 @@ def _graph_summary(rows: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["CUDA-graph replay, ms per call:", "",
              "| B | Skv | Sq | AttnFuse | paged | with lengths | SDPA (best) | flex | baseline pipeline "
-             "| paged, baseline pipeline | vs SDPA | vs flex | vs baseline pipeline | paged vs contiguous "
-             "| paged vs baseline pipeline | lengths vs contiguous |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| paged, baseline pipeline | with lengths, baseline pipeline | vs SDPA | vs flex "
+             "| vs baseline pipeline | paged vs contiguous | paged vs baseline pipeline | lengths vs contiguous "
+             "| lengths vs baseline pipeline |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cell = [_cell(r, k) for k in
                 ("attnfuse_graph_ms", "attnfuse_paged_graph_ms", "attnfuse_lens_graph_ms", "sdpa_best_graph_ms",
-                 "flex_graph_ms", "attnfuse_no_split_graph_ms", "attnfuse_paged_no_split_graph_ms")]
+                 "flex_graph_ms", "attnfuse_no_split_graph_ms", "attnfuse_paged_no_split_graph_ms",
+                 "attnfuse_lens_no_split_graph_ms")]
         ratio = [f"{r[k]:.2f}" if k in r else "" for k in ("graph_vs_sdpa", "graph_vs_flex", "graph_vs_no_split",
                                                           "graph_paged_vs_contiguous", "graph_paged_vs_no_split",
-                                                          "graph_lens_vs_contiguous")]
+                                                          "graph_lens_vs_contiguous", "graph_lens_vs_no_split")]
         lines.append(f"| {r['batch']} | {r['kv_len']} | {r['q_len']} | {' | '.join(cell)} | {' | '.join(ratio)} |")
     if any("attnfuse_rope_graph_ms" in r for r in rows):
         lines += ["", "With RoPE on the new queries (AttnFuse fused; SDPA and flex after a compiled RoPE), CUDA graphs, "
@@ -419,7 +426,8 @@ def main() -> None:
                         help="a second AttnFuse pipeline timed in the same run, `attnfuse_no_split_*` and "
                              "`vs_no_split` (default: the default one without split-kv), e.g. the default with "
                              "'split-kv{merge=false}' for an A/B of one option; with --page-size the paged program "
-                             "too (`attnfuse_paged_no_split_*`, `paged_vs_no_split`)")
+                             "too (`attnfuse_paged_no_split_*`, `paged_vs_no_split`), and the program with lengths "
+                             "(`attnfuse_lens_no_split_*`, `lens_vs_no_split`)")
     parser.add_argument("--no-baseline-pipeline", action="store_true",
                         help="skip timing a second pipeline")
     parser.add_argument("--page-size", type=int, default=16,

@@ -216,13 +216,14 @@ def test_varlen_bench_runs_one_attention_four_ways() -> None:
 def test_decode_tables_show_the_baseline_pipeline() -> None:
     """bench/decode.py's tables: the second pipeline (`--baseline-pipeline P`, an A/B of
     one option in the same run) has a column and a ratio in the CUDA-graph table too,
-    for the contiguous and the paged cache."""
+    for the contiguous cache, the paged one and the one with lengths."""
     from decode import _ratios, summary
 
     row: dict[str, object] = {"batch": 1, "kv_len": 8192, "q_len": 1, "splits": 16, "attnfuse_ms": 0.020,
                               "attnfuse_graph_ms": 0.010, "attnfuse_no_split_ms": 0.022,
                               "attnfuse_no_split_graph_ms": 0.012, "sdpa_ms": 0.021, "sdpa_graph_ms": 0.011,
-                              "attnfuse_paged_graph_ms": 0.016, "attnfuse_paged_no_split_graph_ms": 0.0208}
+                              "attnfuse_paged_graph_ms": 0.016, "attnfuse_paged_no_split_graph_ms": 0.0208,
+                              "attnfuse_lens_graph_ms": 0.0125, "attnfuse_lens_no_split_graph_ms": 0.0175}
     _ratios(row, "ms", "")  # type: ignore[arg-type]
     _ratios(row, "graph_ms", "graph_")  # type: ignore[arg-type]
     assert row["graph_vs_no_split"] == pytest.approx(1.2) and row["vs_no_split"] == pytest.approx(1.1)
@@ -230,3 +231,6 @@ def test_decode_tables_show_the_baseline_pipeline() -> None:
     graph_table = summary([row]).split("Eager calls")[0]  # type: ignore[list-item]
     assert "| baseline pipeline |" in graph_table and "| 0.0120 |" in graph_table and "| 1.20 |" in graph_table
     assert "| paged, baseline pipeline |" in graph_table and "| 0.0208 |" in graph_table and "| 1.30 |" in graph_table
+    assert row["graph_lens_vs_no_split"] == pytest.approx(1.4) and "lens_vs_no_split" not in row
+    assert "| with lengths, baseline pipeline |" in graph_table and "| 0.0175 |" in graph_table
+    assert "| 1.40 |" in graph_table
