@@ -12,8 +12,11 @@ For a `#attn.split_kv<ROWSxBN, group G, ...>` plan (`split-kv` pass):
   Beside it, `@f_split_kv_small` with 16-row tiles (calls whose packed rows fit them and
   whose programs fit one wave), `@f_split_kv_wide` for 16-bit inputs with head dims up
   to 128 (16 rows, `WIDE_BLOCK_N` keys per block, the whole SM's shared memory: those
-  calls whose splits walk at least `WIDE_MIN_BLOCKS` blocks) and, for a paged cache,
-  after the wide one, `@f_split_kv_short`:
+  calls whose splits walk at least `WIDE_MIN_BLOCKS` blocks), with `persistent 1` its
+  persistent twin `@f_split_kv_persistent` ahead of it (grid `[programs, 1, 1]`: calls
+  of one split with many pairs over short caches, `split_host.persistent_taken`; each
+  program walks pairs in a `tile.flatten` loop and stores `out` and `lse`) and, for a
+  paged cache, after the wide one, `@f_split_kv_short`:
   the smaller tile, one masked loop over the split's keys, the contiguous pipeline depth
   (calls whose SMs each walk few blocks, `SHORT_SPLIT_BLOCKS`). The 16-row kernels skip
   loops without a block, and with `merge 1` their last program per (batch, KV head)
