@@ -105,7 +105,6 @@ class SplitKernel(ForwardKernel):
                  parts: tuple[SSAValue, SSAValue] | None, merge: tuple[SSAValue, SSAValue] | None = None, *,
                  one_loop: bool = False, skip_empty: bool = False) -> None:
         super().__init__(spec, name)
-        self.persistent = parts is None
         self.one_loop = one_loop
         self.skip_empty = skip_empty
         self.group = plan.group.data
@@ -122,7 +121,7 @@ class SplitKernel(ForwardKernel):
         b = self.sig.start(self.name, num_warps=spec.num_warps, num_stages=spec.num_stages, launch=spec.launch,
                            f32_dot=spec.f32_dot)
         self.b = b
-        if not self.persistent:
+        if self.parts is not None:
             self._pair(b.program_id(0, name="split"), b.program_id(1, name="pid_bh"), b.num_programs(0))
             return b.finish()
         assert self.batch_arg.value is not None
@@ -235,9 +234,10 @@ class SplitKernel(ForwardKernel):
             lse_base, lse_rows = self._packed_rows(self.lse_arg, batch, head, rows)
             b.store(lse_base, lse_rows, b.mul(lse2, LN2), mask=row_ok)
 
-        if splits is None or self.parts is None:
+        if self.parts is None:  # the persistent kernel: one split
             final()
             return
+        assert splits is not None
         o_part, lse_part = self.parts
         alone = b.if_(b.eq(splits, 1, name="one_split"))
         with alone.then_():
@@ -471,7 +471,7 @@ def _tier_spec(spec: ForwardSpec, tier: _Tier, *, narrow: bool) -> ForwardSpec:
         spec, paged=paged, block_m=rows, block_n=block_n, block_map=None, rope_table_unless=None, q_cos_sin_in_kernel=True,
         # Without an exact band every mask is applied to every tile (no block map here).
         planned_masks=spec.planned_masks if online.plan.is_exact() else set(),
-        num_warps=split_warps(spec, rows), num_stages=stages - tier.persistent,
+        num_warps=split_warps(spec, rows), num_stages=stages - 1 if tier.persistent else stages,
         launch={"role": StringAttr("split_kv")})
 
 
