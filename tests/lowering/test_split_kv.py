@@ -391,6 +391,33 @@ def test_persistent_kernel_takes_calls_beyond_two_programs_per_sm(monkeypatch: p
         assert ran[tier][:2] == grid, ran
 
 
+PERSISTENT_BLOCKS: dict[str, Any] = {
+    **{name: make for name, make in BLOCKS.items() if not name.startswith("window")},
+    # windows that reach past the 4 blocks the persistent kernel needs, starting mid-cache
+    "window": lambda: causal().mask("sliding_window", left=200, right=0, **BR).build(),
+    "window_sinks": lambda: causal().mask("causal", **BR).mask("sliding_window", left=250, **BR).build(sinks=True),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*aligned top-left")
+@pytest.mark.parametrize("block", list(PERSISTENT_BLOCKS))
+def test_building_block_in_the_persistent_kernel(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every building block in the persistent kernel, where a program walks several
+    (batch, KV head) pairs: a device of 2 SMs (reported so), 3 sequences x 2 KV heads
+    walked by 4 programs, 300 keys (5 blocks of 64), one query and four (16 packed
+    rows). Block maps (a per-head mask, document ids) are read per pair."""
+    monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
+    built = PERSISTENT_BLOCKS[block]()
+    name = f"persistent_{block}"  # a function of its own: plans are per compiled program
+    p = dataclasses.replace(built, text=built.text.replace(f"@{built.name}(", f"@{name}("), name=name)
+    fn = compile_split(p.text, options="block-n=64")
+    for q_len in (1, 4):
+        args = p.inputs(3, q_len, 300, seed=q_len)
+        check_decode(p, 3, q_len, 300, args=args, options="block-n=64")
+        ran = launches(fn, args)
+        assert ran.get(f"{name}_split_kv_persistent", (0,))[:2] == (4, 1), ran
+
+
 def test_fixed_split_count() -> None:
     """`split-kv{splits=3}`: three splits where the keys allow, one per block below."""
     p = causal().mask("causal", **BR).build()
