@@ -153,14 +153,25 @@ def test_long_splits_take_the_wide_kernel(block: str, q_len: int) -> None:
     assert_matches_reference(program, args, result)
 
 
-@pytest.mark.parametrize("block", ["causal", "rope_q", "alibi_slopes"])
+PERSISTENT_BLOCKS: dict[str, Any] = {
+    **{name: make for name, make in BLOCKS.items() if not name.startswith("window")},
+    # windows that reach past the 4 blocks the persistent kernel needs, starting mid-sequence
+    "window": lambda: paged(score_ops=['attn.mask sliding_window {x} {{align = "bottom_right", left = 500, right = 0}} : {s}']),
+    "window_sinks_lse": lambda: paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}",
+                                                 'attn.mask sliding_window {x} {{align = "bottom_right", left = 450}} : {s}'],
+                                      sinks=True, lse=True),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*aligned top-left")
+@pytest.mark.parametrize("block", list(PERSISTENT_BLOCKS))
 def test_many_pairs_take_the_persistent_kernel(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call of one split with more (batch, KV head) pairs than two per SM (a device of
     2 SMs, reported so: 3 sequences x 2 KV heads) takes the persistent kernel: 4
     programs, two of them walking two pairs, each with its own sequence length (600, 37
-    and 259 keys: their loops differ from pair to pair)."""
+    and 259 keys: their loops differ from pair to pair); every building block."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
-    program, lens = BLOCKS[block](), (600, 37, 259)
+    program, lens = PERSISTENT_BLOCKS[block](), (600, 37, 259)
     pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64}")
     # A function of its own: compiled programs and their launch plans are shared.
     name = f"two_sms_{block}"
