@@ -296,6 +296,27 @@ def test_backward_uses_the_exact_lse(merge: bool) -> None:
         assert_grad_close(leaf.grad, ref.grad, torch.float32, name)
 
 
+def test_backward_after_the_persistent_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step whose forward runs in the persistent kernel (a device of 2 SMs,
+    reported so: 6 (batch, KV head) pairs over 4 programs, 300 keys, 3 queries; f16):
+    its lse, stored per pair, drives the backward to the reference gradients."""
+    monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
+    p = Builder(hq=4, hkv=2, d=32, dtype="f16").rope().alibi().mask("causal", **BR).build(sinks=True)
+    text = p.text.replace(f"@{p.name}(", "@persistent_step(")
+    fn = attnfuse.compile(text, pipeline="attn-canonicalize,rope-fusion{strategy=fused},online-softmax,mask-tiling,"
+                                         "split-kv{block-n=64},lower-backward,lower-to-tile")
+    args = p.inputs(3, 3, 300, seed=2)
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*leaves)
+    assert launches(fn, args)["persistent_step_split_kv_persistent"][:2] == (4, 1)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(out.dtype)
+    out.backward(g)
+    refs = [a.detach().double().requires_grad_(True) for a in args]
+    reference.run(p.text, *refs).backward(g.double())
+    for leaf, ref, name in zip(leaves, refs, ("q", "k", "v", "sinks")):
+        assert_grad_close(leaf.grad, ref.grad, torch.float16, name)  # the f32 sinks' gradient too: from f16 tiles
+
+
 # ============================================================================ the split count
 
 
