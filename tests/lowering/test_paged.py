@@ -185,6 +185,22 @@ def test_many_pairs_take_the_persistent_kernel(block: str, monkeypatch: pytest.M
     assert_matches_reference(program, args, result)
 
 
+def test_persistent_kernel_with_empty_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty sequences among the pairs a persistent program walks (kv_lens 0, 600, 0,
+    259 on a device of 2 SMs, reported so: 8 pairs over 4 programs): out 0 and lse -inf
+    for the empty ones, the next pair starting from a fresh softmax state."""
+    monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
+    program, lens = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"], lse=True), (0, 600, 0, 259)
+    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64}")
+    fn = compiled(program.text.replace("@f(", "@empty_pairs("), pipe)
+    args = inputs(program, lens, 1, seed=5)
+    out, lse = fn(*args)
+    assert launches(fn, args)["empty_pairs_split_kv_persistent"][:2] == (4, 1)
+    for empty in (0, 2):
+        assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
+    assert_matches_reference(program, args, (out, lse))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("q_len", [1, 4, 20])
