@@ -28,10 +28,12 @@ BLOCK = 16
 LENS = (5, 37, 70)
 
 
-def pipeline(split: bool = True, strategy: str = "fused", splits: int = 0) -> str:
+def pipeline(split: bool = True, strategy: str = "fused", splits: int = 0, block_n: int = BLOCK) -> str:
+    """The test pipeline; `block_n`: the split kernels' KV block (64: the plan's default,
+    which gives 16-bit programs the wide and the persistent kernel)."""
     return (f"attn-canonicalize,rope-fusion{{strategy={strategy}}},online-softmax,"
             f"mask-tiling{{block-m={BLOCK} block-n={BLOCK}}},"
-            + (f"split-kv{{block-n={BLOCK}{f' splits={splits}' if splits else ''}}}," if split else "")
+            + (f"split-kv{{block-n={block_n}{f' splits={splits}' if splits else ''}}}," if split else "")
             + "lower-backward,lower-to-tile")
 
 
@@ -143,7 +145,7 @@ def test_long_splits_take_the_wide_kernel(block: str, q_len: int) -> None:
     64 each; the second split ends in a partial 128-key tile); the shorter sequences
     leave its second split's loops empty."""
     program, lens = BLOCKS[block](), (600, 37, 259)
-    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64 splits=2}")
+    pipe = pipeline(splits=2, block_n=64)
     fn = compiled(program.text, pipe)
     args = inputs(program, lens, q_len, seed=q_len)
     result = fn(*args)
@@ -172,7 +174,7 @@ def test_many_pairs_take_the_persistent_kernel(block: str, monkeypatch: pytest.M
     and 259 keys: their loops differ from pair to pair); every building block."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
     program, lens = PERSISTENT_BLOCKS[block](), (600, 37, 259)
-    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64}")
+    pipe = pipeline(block_n=64)
     # A function of its own: compiled programs and their launch plans are shared.
     name = f"two_sms_{block}"
     fn = compiled(program.text.replace("@f(", f"@{name}("), pipe)
@@ -191,7 +193,7 @@ def test_persistent_kernel_with_empty_sequences(monkeypatch: pytest.MonkeyPatch)
     for the empty ones, the next pair starting from a fresh softmax state."""
     monkeypatch.setattr("attnfuse.runtime.host.sm_count", lambda device: 2)
     program, lens = paged(score_ops=[f"attn.mask causal {{x}} {BR} : {{s}}"], lse=True), (0, 600, 0, 259)
-    pipe = pipeline().replace(f"split-kv{{block-n={BLOCK}}}", "split-kv{block-n=64}")
+    pipe = pipeline(block_n=64)
     fn = compiled(program.text.replace("@f(", "@empty_pairs("), pipe)
     args = inputs(program, lens, 1, seed=5)
     out, lse = fn(*args)
