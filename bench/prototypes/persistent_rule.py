@@ -39,10 +39,10 @@ VARIANTS: dict[str, dict[str, int]] = {
 }
 
 
-def measure(variant: str, batches: list[int], kv_lens: list[int]) -> list[dict[str, Any]]:
-    """The rows of one variant (run in a process of its own, see the module docstring)."""
+def measure(variant: str, batches: list[int], kv_lens: list[int], out: Path) -> None:
+    """The rows of one variant (run in a process of its own, see the module docstring),
+    written to `out` after each shape (a run stopped at its time limit keeps them)."""
     import torch
-    import triton.testing
 
     import attnfuse
     from attnfuse.lowering import split_host
@@ -57,9 +57,7 @@ def measure(variant: str, batches: list[int], kv_lens: list[int]) -> list[dict[s
                 "lens": attnfuse.compile(decode.LENS_PROGRAM)}
 
     def graph_us(fn: Any) -> float:
-        fn()
-        torch.cuda.synchronize()
-        return 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median"))
+        return 1e3 * decode._graph_ms(fn)  # noqa: SLF001
 
     rows = []
     for kv_len in kv_lens:
@@ -80,10 +78,10 @@ def measure(variant: str, batches: list[int], kv_lens: list[int]) -> list[dict[s
                     row[f"{name}_us"] = graph_us(lambda: fn(*a))
                     row[f"{name}_kernels"] = decode.launched(fn, a)
                 except Exception as exc:  # reported, never hidden
-                    row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:400]
+                    row[f"{name}_error"] = decode._error_text(exc)  # noqa: SLF001
             rows.append(row)
             print(json.dumps(row), flush=True)
-    return rows
+            out.write_text(json.dumps(rows))
 
 
 def main() -> None:
@@ -97,7 +95,7 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     kv_lens = [int(x) for x in args.kv.split(",")]
     if args.one is not None:
-        args.out.write_text(json.dumps(measure(args.one, batches, kv_lens)))
+        measure(args.one, batches, kv_lens, args.out)
         return
     variants = args.variants.split(",")
     for variant in variants:
@@ -114,9 +112,9 @@ def main() -> None:
             env = dict(os.environ, ATTNFUSE_CACHE_DIR=cache)
             done = subprocess.run([sys.executable, __file__, "--one", variant, "--out", part.name,
                                    "--batches", args.batches, "--kv", args.kv], env=env, check=False)
-            if done.returncode == 0:
-                rows.extend(json.loads(Path(part.name).read_text()))
-            else:
+            written = Path(part.name).read_text()
+            rows.extend(json.loads(written) if written else [])
+            if done.returncode != 0:
                 rows.append({"variant": variant, "error": f"exit status {done.returncode}"})
         (args.out / "persistent_rule.json").write_text(json.dumps(rows, indent=1))
 
